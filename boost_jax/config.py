@@ -1,0 +1,256 @@
+"""Gin-configurable configuration: ``Model``, ``Parallel``, ``Train`` and ``Data``.
+
+Each class is a frozen dataclass whose fields are the public gin bindings
+(``--gin_param=Model.arch='svd'``). Construction validates the values and raises
+:class:`ConfigError` with a one-line message naming the offending binding, so bad input is
+reported before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import gin
+
+from boost_jax.models.presets import PRESETS
+
+ARCHS = ("dense", "svd", "cola", "lax")
+LAX_GATES = ("identity", "dense", "kronecker")
+TP_PLANS = ("none", "fullrank", "vanilla", "btp")
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line before any compilation."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _set(obj, **kw) -> None:
+    for k, v in kw.items():
+        object.__setattr__(obj, k, v)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The decoder. ``size`` picks a preset (models/presets.py); any field set here wins.
+
+    ``rank`` sets both ``attn_rank`` (q, k, v, o) and ``mlp_rank`` (gate, up, down); unset ranks
+    default to ``d_model // 4``.
+    """
+
+    arch: str = "cola"
+    size: str = "small"
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    d_ff: int | None = None
+    rank: int | None = None
+    attn_rank: int | None = None
+    mlp_rank: int | None = None
+    vocab_size: int | None = None
+    tie_embeddings: bool | None = None
+    only_lr_act: bool | None = None  # CoLA MLP: True = down(gate*up), False = down(silu(gate)*up)
+    lax_gate: str = "identity"  # latent crossing gate: identity | dense | kronecker
+    lax_latent_norm: bool = False  # LayerNorm over the r-dim latent after crossing
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02  # embeddings and dense projections
+
+    def __post_init__(self):
+        _check(self.arch in ARCHS, f"Model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
+        _check(self.size in PRESETS,
+               f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)}")
+        preset = dict(only_lr_act=True, **PRESETS[self.size])
+        for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
+                      "only_lr_act", "rank"):
+            if getattr(self, field) is None and field in preset:
+                _set(self, **{field: preset[field]})
+        if self.n_kv_heads is None:
+            # a preset's kv-head count only applies when the head count is the preset's too
+            same = self.n_heads == preset["n_heads"]
+            _set(self, n_kv_heads=preset["n_kv_heads"] if same else self.n_heads)
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0,
+                   f"Model.{name}={value!r} must be a positive integer")
+        d = self.d_model
+        default_rank = self.rank if self.rank is not None else max(d // 4, 1)
+        _set(self, attn_rank=self.attn_rank or default_rank, mlp_rank=self.mlp_rank or default_rank)
+        _check(d % self.n_heads == 0,
+               f"Model.n_heads={self.n_heads} does not divide Model.d_model={d}")
+        _check(self.n_heads % self.n_kv_heads == 0,
+               f"Model.n_kv_heads={self.n_kv_heads} does not divide Model.n_heads={self.n_heads}")
+        _check(self.head_dim % 2 == 0, f"head dim {self.head_dim} must be even for RoPE")
+        if self.is_lowrank:
+            for name in ("attn_rank", "mlp_rank"):
+                r = getattr(self, name)
+                _check(isinstance(r, int) and 0 < r < d,
+                       f"Model.{name}={r} must satisfy 0 < rank < Model.d_model={d}"
+                       + (" (set by Model.rank)" if self.rank is not None else ""))
+        _check(self.lax_gate in LAX_GATES,
+               f"Model.lax_gate={self.lax_gate!r} is not one of {', '.join(LAX_GATES)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_kv(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def is_lowrank(self) -> bool:
+        return self.arch != "dense"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Parallel:
+    """The ``(data, pipe, tensor)`` device mesh and the tensor-parallel plan."""
+
+    data: int = 1
+    pipe: int = 1
+    tensor: int = 1
+    tp_plan: str = "none"
+    grouping: bool = True  # one GEMM for the q/k/v (gate/up) A factors, batched B factors
+
+    def __post_init__(self):
+        for name in ("data", "pipe", "tensor"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1,
+                   f"Parallel.{name}={value!r} must be a positive integer")
+        _check(self.tp_plan in TP_PLANS,
+               f"Parallel.tp_plan={self.tp_plan!r} is not one of {', '.join(TP_PLANS)}")
+        _check(self.tensor == 1 and self.tp_plan == "none",
+               f"Parallel.tensor={self.tensor}, Parallel.tp_plan={self.tp_plan!r}: tensor "
+               "parallelism is not yet supported (use Parallel.tensor=1, tp_plan='none')")
+        _check(self.pipe == 1,
+               f"Parallel.pipe={self.pipe}: pipeline parallelism is not yet supported "
+               "(use Parallel.pipe=1)")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.data, self.pipe, self.tensor)
+
+    @property
+    def num_devices(self) -> int:
+        return self.data * self.pipe * self.tensor
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Train:
+    """Optimisation, schedule, logging and checkpoint cadence (CoLA's recipe as defaults)."""
+
+    steps: int = 300
+    batch_size: int = 16  # global, in sequences
+    seq_len: int = 128
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype; parameters stay fp32
+    learning_rate: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int | None = None  # None = 10% of the schedule horizon
+    schedule_steps: int | None = None  # cosine horizon; None = steps
+    weight_decay: float = 0.01
+    grad_clip: float = 0.5
+    beta1: float = 0.9
+    beta2: float = 0.999
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    eval_every: int = 100
+    eval_batches: int = 4
+    log_every: int = 10
+    peak_tflops: float | None = None  # per-device peak for MFU; None = look up the device kind
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "keep_checkpoints",
+                     "eval_every", "log_every"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0,
+                   f"Train.{name}={value!r} must be a positive integer")
+        _check(self.dtype in DTYPES, f"Train.dtype={self.dtype!r} is not one of {DTYPES}")
+        if self.warmup_steps is None:
+            _set(self, warmup_steps=self.horizon // 10)
+        _check(0 <= self.warmup_steps < self.horizon,
+               f"Train.warmup_steps={self.warmup_steps} must be in [0, schedule horizon="
+               f"{self.horizon})")
+        _check(self.eval_batches >= 0, f"Train.eval_batches={self.eval_batches} must be >= 0")
+        _check(self.learning_rate > 0, f"Train.learning_rate={self.learning_rate} must be > 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0,
+               f"Train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+
+    @property
+    def horizon(self) -> int:
+        """Steps over which the learning-rate schedule decays."""
+        return self.schedule_steps or self.steps
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """Where tokens come from.
+
+    ``path`` is a directory written by ``python -m boost_jax.data.prepare`` or
+    ``bundled:<name>`` for a corpus shipped with the package (prepared into ``cache_dir`` on
+    first use with ``tokenizer``).
+    """
+
+    path: str = "bundled:shakespeare"
+    tokenizer: str = "bpe:4096"  # for bundled corpora: bpe:<vocab> | llama32k | spm:<file>
+    eval_fraction: float = 0.02  # for bundled corpora
+    worker_count: int = 0  # grain worker processes (0 = in-process)
+    cache_dir: str | None = None  # default: $BOOST_JAX_CACHE or ~/.cache/boost_jax
+
+    def __post_init__(self):
+        _check(0.0 < self.eval_fraction < 0.5,
+               f"Data.eval_fraction={self.eval_fraction} must be in (0, 0.5)")
+        _check(self.worker_count >= 0, f"Data.worker_count={self.worker_count} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The four config groups together, as the trainer uses them."""
+
+    model: Model
+    parallel: Parallel
+    train: Train
+    data: Data
+
+    def __post_init__(self):
+        _check(self.train.batch_size % self.parallel.data == 0,
+               f"Train.batch_size={self.train.batch_size} is not divisible by "
+               f"Parallel.data={self.parallel.data}")
+
+    def to_dict(self) -> dict:
+        return {type(g).__name__: dataclasses.asdict(g)
+                for g in (self.model, self.parallel, self.train, self.data)}
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split("\n")[0].split())
+
+
+def parse_gin(files: Iterable[str] = (), bindings: Sequence[str] = (),
+              search_paths: Iterable[str] = ()) -> None:
+    """Parse gin files and bindings; an unknown configurable or parameter is a ConfigError."""
+    for path in search_paths:
+        gin.add_config_file_search_path(path)
+    try:
+        gin.parse_config_files_and_bindings(list(files), list(bindings))
+    except (ValueError, KeyError, OSError, SyntaxError) as err:  # gin raises these on bad input
+        raise ConfigError(f"gin: {_one_line(err)}") from None
+
+
+def load_config(**overrides) -> Config:
+    """Build the validated :class:`Config` from the parsed gin bindings (plus ``overrides``)."""
+    groups = {"model": Model, "parallel": Parallel, "train": Train, "data": Data}
+    made = {k: overrides.get(k) or cls() for k, cls in groups.items()}
+    return Config(**made)

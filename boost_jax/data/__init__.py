@@ -1,0 +1,1 @@
+"""Tokenizers, the ``prepare`` command (text -> token memmap) and the grain input pipeline."""

@@ -1,0 +1,130 @@
+"""The LLaMA-style decoder: embedding -> blocks -> final RMSNorm -> head; the block math, once.
+
+Every function here runs *per device*: under a tensor-parallel plan it sees local shards
+(``d/p`` residual columns, ``h/p`` heads, ...) and the plan's boundary functions put the
+collectives in place. Shapes in docstrings are local; which mesh axis a value is split on is
+the plan's choice (parallel/plans).
+
+Parameters are a nested dict (the Flax NNX state of :class:`Decoder` as pure arrays). Block
+parameters are stacked on a leading layer axis and applied with ``lax.scan``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from boost_jax.config import Model
+from boost_jax.models.attention import causal_attention
+from boost_jax.models.init import Init, ParamDef, param, param_defs
+from boost_jax.models.norms import rms_norm
+from boost_jax.models.projections import Fanout, Single
+from boost_jax.parallel.plans.base import Plan
+
+
+class Block(nnx.Module):
+    """Pre-norm block: ``h += o(attn(qkv(norm(h))))``, then ``h += down(mlp(gate_up(norm(h))))``."""
+
+    def __init__(self, cfg: Model):
+        d = cfg.d_model
+        self.eps, self.theta, self.head_dim = cfg.norm_eps, cfg.rope_theta, cfg.head_dim
+        # CoLA's only_lr_act=True drops the SiLU on the full-width gate (SPEC §7.1)
+        self.silu_gate = not (cfg.is_lowrank and cfg.only_lr_act)
+        kw = dict(init_std=cfg.init_std, lax_gate=cfg.lax_gate, lax_norm=cfg.lax_latent_norm)
+        self.attn_norm = param((d,), Init("ones"), ("embed",))
+        self.qkv = Fanout(cfg.arch, d, (("q", 1, d, "q_heads"), ("kv", 2, cfg.d_kv, "kv_heads")),
+                          cfg.attn_rank, **kw)
+        self.o = Single(cfg.arch, d, d, "q_heads", cfg.attn_rank, **kw)
+        self.mlp_norm = param((d,), Init("ones"), ("embed",))
+        self.gate_up = Fanout(cfg.arch, d, (("gu", 2, cfg.d_ff, "mlp"),), cfg.mlp_rank, **kw)
+        self.down = Single(cfg.arch, cfg.d_ff, d, "mlp", cfg.mlp_rank, **kw)
+
+    def __call__(self, h: jax.Array, cross: dict | None, plan: Plan, grouped: bool
+                 ) -> tuple[jax.Array, dict]:
+        """Residual ``h [b, s, d_local]`` -> ``(h, latents)``.
+
+        ``cross`` holds the previous block's LaX latents (``None`` for block 0 or non-LaX
+        archs); the returned dict holds this block's (empty unless LaX).
+        """
+        cross = cross or {}
+        b, s = h.shape[:2]
+        qkv, c_qkv = self.qkv(h, self.attn_norm[...], self.eps, plan, grouped, cross.get("qkv"))
+        q = qkv["q"][:, :, 0].reshape(b, s, -1, self.head_dim)
+        k = qkv["kv"][:, :, 0].reshape(b, s, -1, self.head_dim)
+        v = qkv["kv"][:, :, 1].reshape(b, s, -1, self.head_dim)
+        y, c_o = self.o(causal_attention(q, k, v, self.theta), plan, cross.get("o"))
+        h = h + y
+        gu, c_gu = self.gate_up(h, self.mlp_norm[...], self.eps, plan, grouped,
+                                cross.get("gate_up"))
+        g, u = gu["gu"][:, :, 0], gu["gu"][:, :, 1]
+        y, c_d = self.down((jax.nn.silu(g) if self.silu_gate else g) * u, plan, cross.get("down"))
+        h = h + y
+        latents = dict(qkv=c_qkv, o=c_o, gate_up=c_gu, down=c_d)
+        return h, {k_: v_ for k_, v_ in latents.items() if v_ is not None}
+
+
+class Decoder(nnx.Module):
+    """Token ids -> final hidden state -> logits. ``blocks`` holds one block's structure; its
+    parameters carry a leading ``[n_layers]`` axis (see models/init.py)."""
+
+    def __init__(self, cfg: Model):
+        d, vocab = cfg.d_model, cfg.vocab_size
+        self.eps, self.tied, self.crosses = cfg.norm_eps, cfg.tie_embeddings, cfg.arch == "lax"
+        self.embed = param((vocab, d), Init("normal", cfg.init_std), ("vocab", None))
+        self.blocks = Block(cfg)
+        self.final_norm = param((d,), Init("ones"), (None,))
+        if not cfg.tie_embeddings:
+            self.head = param((d, vocab), Init("normal", cfg.init_std), (None, "vocab"))
+
+    def hidden(self, tokens: jax.Array, plan: Plan, grouped: bool = True) -> jax.Array:
+        """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""
+        h = plan.embed(tokens, self.embed[...])
+        graph, stacked = nnx.split(self.blocks)
+        cross = None
+        if self.crosses:  # block 0 has no latent to cross: run it before the scan
+            first = jax.tree.map(lambda x: x[0], stacked)
+            h, cross = nnx.merge(graph, first)(h, None, plan, grouped)
+            stacked = jax.tree.map(lambda x: x[1:], stacked)
+
+        def body(carry, layer):
+            h, cross = carry
+            return nnx.merge(graph, layer)(h, cross, plan, grouped), None
+
+        (h, _), _ = jax.lax.scan(body, (h, cross or {}), stacked)
+        return rms_norm(plan.final_hidden(h), self.final_norm[...], self.eps)
+
+    def head_weight(self) -> jax.Array:
+        """``[d, V]`` (the transposed embedding when tied)."""
+        return self.embed[...].T if self.tied else self.head[...]
+
+    def logits(self, tokens: jax.Array, plan: Plan, grouped: bool = True) -> jax.Array:
+        return plan.logits(self.hidden(tokens, plan, grouped), self.head_weight())
+
+    def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan,
+                   grouped: bool = True) -> jax.Array:
+        """Per-token cross-entropy ``[b, s]`` (fp32)."""
+        return plan.token_loss(self.logits(tokens, plan, grouped), targets)
+
+
+@functools.lru_cache(maxsize=32)
+def abstract_model(cfg: Model) -> tuple[nnx.GraphDef, dict[tuple, ParamDef]]:
+    """The decoder's graph definition and flat ``{path: ParamDef}`` (nothing is allocated)."""
+    model = nnx.eval_shape(lambda: Decoder(cfg))
+    graph, _ = nnx.split(model)
+    return graph, param_defs(model, cfg.n_layers)
+
+
+def bind(cfg: Model, params: dict, dtype=None) -> Decoder:
+    """A :class:`Decoder` holding ``params`` (cast to the compute ``dtype`` if given)."""
+    graph, _ = abstract_model(cfg)
+    if dtype is not None:
+        params = jax.tree.map(lambda p: p.astype(dtype), params)
+    return nnx.merge(graph, params)
+
+
+def reference_logits(cfg: Model, params: dict, tokens: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Single-device logits ``[b, s, V]`` with the ``none`` plan (no mesh needed)."""
+    return bind(cfg, params, dtype).logits(tokens, Plan())

@@ -1,0 +1,216 @@
+"""The projection factory: dense, SVD, CoLA and LaX versions of the seven projections.
+
+Kernels use ``x @ W`` orientation. A low-rank projection is ``y = sigma(x A) B`` with the *down*
+factor ``A [d_in, r]`` and the *up* factor ``B [r, d_out]`` (SPEC.md §1); sigma is the identity
+for ``svd`` and SiLU for ``cola`` and ``lax``. Projections that read the same input are stored
+grouped, as BOOST computes them:
+
+* :class:`Fanout` -- q/k/v or gate/up. Low-rank: one grouped ``A [d_in, c, r]`` (c = 3 or 2
+  members) and, per output width, a batched ``B [m, r, d_out]`` (``b_q [1, r, d]`` and
+  ``b_kv [2, r, d_kv]``; ``b_gu [2, r, d_ff]``). Dense: ``w_* [d_in, m, d_out]``.
+* :class:`Single` -- o and down. Low-rank ``a [d_in, r]``, ``b [r, d]``; dense ``w [d_in, d]``.
+
+Where a projection's GEMMs sit relative to collectives is the plan's business: the projection
+hands each local matrix product to ``plan.norm_down`` / ``plan.down`` / ``plan.up``.
+
+LaX (SPEC.md §7.3) adds to each projection's pre-activation latent the post-activation latent
+of the same projection in the previous block, through a gate (identity, dense r x r with bias,
+or Kronecker-factored), optionally followed by an r-dim LayerNorm; block 0 has no crossing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from boost_jax.models.init import Init, param
+from boost_jax.models.norms import layer_norm
+from boost_jax.parallel.plans.base import Plan
+
+LAX_NORM_EPS = 1e-6
+
+
+def cola_std(d_in: int, d_out: int, rank: int) -> float:
+    """CoLA's init std for both factors: ``(d_in + d_out)^(-1/4) * r^(-1/4)`` (SPEC §7.1)."""
+    return (d_in + d_out) ** -0.25 * rank ** -0.25
+
+
+def balanced_factors(n: int) -> tuple[int, int]:
+    """``(a, b)`` with ``a * b == n``, ``a <= b`` and ``b - a`` minimal."""
+    a = max(i for i in range(1, math.isqrt(n) + 1) if n % i == 0)
+    return a, n // a
+
+
+def latent_act(arch: str, z: jax.Array) -> jax.Array:
+    return z if arch == "svd" else jax.nn.silu(z)
+
+
+class Crossing(nnx.Module):
+    """LaX latent crossing for ``members`` projections (``None``: no member axis).
+
+    Latents are ``[b, s, (members,) r]``; every parameter has a leading member axis when
+    ``members`` is set.
+    """
+
+    def __init__(self, rank: int, members: int | None, gate: str, norm: bool):
+        self.gate, self.use_norm, self.rank = gate, norm, rank
+        self.grouped = members is not None
+        lead, lead_axes = ((members,), (None,)) if self.grouped else ((), ())
+        if gate == "dense":  # torch nn.Linear(r, r) default init: U(+-1/sqrt(r))
+            bound = 1.0 / math.sqrt(rank)
+            self.gate_w = param((*lead, rank, rank), Init("uniform", bound),
+                                (*lead_axes, None, None))
+            self.gate_b = param((*lead, rank), Init("uniform", bound), (*lead_axes, None))
+        elif gate == "kronecker":  # kaiming-uniform factors of an (a x b)-reshaped latent
+            a, b = balanced_factors(rank)
+            self.gate_enc = param((*lead, b, b), Init("uniform", math.sqrt(6 / b)),
+                                  (*lead_axes, None, None))
+            self.gate_dec = param((*lead, a, a), Init("uniform", math.sqrt(6 / a)),
+                                  (*lead_axes, None, None))
+        if norm:
+            self.norm_scale = param((*lead, rank), Init("ones"), (*lead_axes, None))
+            self.norm_bias = param((*lead, rank), Init("zeros"), (*lead_axes, None))
+
+    def _gate(self, prev: jax.Array) -> jax.Array:
+        m = "m" if self.grouped else ""
+        if self.gate == "identity":
+            return prev
+        if self.gate == "dense":
+            out = jnp.einsum(f"bs{m}r,{m}rt->bs{m}t", prev, self.gate_w[...])
+            return out + self.gate_b[...]
+        a, b = balanced_factors(self.rank)
+        grid = prev.reshape(*prev.shape[:-1], a, b)
+        out = jnp.einsum(f"bs{m}cd,{m}cf,{m}de->bs{m}fe", grid, self.gate_dec[...],
+                         self.gate_enc[...])
+        return out.reshape(prev.shape)
+
+    def __call__(self, z: jax.Array, prev: jax.Array | None) -> jax.Array:
+        """``z`` pre-activation latent; ``prev`` the previous block's post-activation latent
+        (``None`` in block 0, which has nothing to cross)."""
+        if prev is None:
+            return z
+        y = z + self._gate(prev)
+        if self.use_norm:
+            y = layer_norm(y, self.norm_scale[...], self.norm_bias[...], LAX_NORM_EPS)
+        return y
+
+
+class _LowRankLatent:
+    """Shared latent handling: crossing (LaX) then the latent activation."""
+
+    arch: str
+
+    def _latent(self, z, prev):
+        if self.arch == "lax":
+            z = self.crossing(z, prev)
+        z = latent_act(self.arch, z)
+        return z, (z if self.arch == "lax" else None)
+
+
+class Fanout(nnx.Module, _LowRankLatent):
+    """Projections that read one normalised input: q/k/v or gate/up.
+
+    Args:
+      arch: dense | svd | cola | lax.
+      d_in: input width (d_model).
+      outs: output groups ``(name, members, d_out, logical_axis)``, e.g.
+        ``(("q", 1, d, "q_heads"), ("kv", 2, d_kv, "kv_heads"))``.
+      rank: latent width r (ignored for dense).
+      init_std: std of dense weights.
+      lax_gate, lax_norm: LaX options.
+    """
+
+    def __init__(self, arch: str, d_in: int, outs: tuple, rank: int, init_std: float,
+                 lax_gate: str = "identity", lax_norm: bool = False):
+        self.arch, self.outs, self.rank = arch, tuple(outs), rank
+        self.members = sum(m for _, m, _, _ in outs)
+        if arch == "dense":
+            for name, m, d_out, axis in outs:
+                setattr(self, f"w_{name}",
+                        param((d_in, m, d_out), Init("normal", init_std), ("embed", None, axis)))
+            return
+        stds = tuple(cola_std(d_in, d_out, rank) for _, m, d_out, _ in outs for _ in range(m))
+        self.a = param((d_in, self.members, rank), Init("normal", stds, scale_axis=1),
+                       ("embed", None, "rank"))
+        for name, m, d_out, axis in outs:
+            setattr(self, f"b_{name}", param((m, rank, d_out),
+                                             Init("normal", cola_std(d_in, d_out, rank)),
+                                             (None, "rank", axis)))
+        if arch == "lax":
+            self.crossing = Crossing(rank, self.members, lax_gate, lax_norm)
+
+    def __call__(self, h: jax.Array, scale: jax.Array, eps: float, plan: Plan, grouped: bool,
+                 prev: jax.Array | None = None) -> tuple[dict[str, jax.Array], jax.Array | None]:
+        """Residual ``h [b, s, d_local]`` -> ``({name: [b, s, m, d_out_local]}, latent)``.
+
+        ``latent`` (LaX only) is the post-activation ``[b, s, c, r]`` the next block crosses.
+        """
+        if self.arch == "dense":
+            x = plan.norm(h, scale, eps)
+            return {name: self._up(x, getattr(self, f"w_{name}")[...], "bsd,dmf->bsmf",
+                                   plan, grouped, per_member_in=False)
+                    for name, *_ in self.outs}, None
+        a = self.a[...]
+        if grouped:
+            z = plan.norm_down(h, scale, eps, lambda x: jnp.einsum("bsd,dcr->bscr", x, a))
+        else:
+            z = jnp.stack([plan.norm_down(h, scale, eps, lambda x, i=i: x @ a[:, i])
+                           for i in range(self.members)], axis=2)
+        z, latent = self._latent(z, prev)
+        outs, start = {}, 0
+        for name, m, _, _ in self.outs:
+            b = getattr(self, f"b_{name}")[...]
+            outs[name] = self._up(z[:, :, start:start + m], b, "bsmr,mrf->bsmf", plan, grouped,
+                                  per_member_in=True)
+            start += m
+        return outs, latent
+
+    @staticmethod
+    def _up(x, w, spec, plan, grouped, per_member_in):
+        """Batched (grouped) or per-member column-type GEMMs."""
+        if grouped:
+            return plan.up(x, lambda v: jnp.einsum(spec, v, w))
+        w_axis = 0 if per_member_in else 1
+        members = w.shape[w_axis]
+        outs = []
+        for j in range(members):
+            wj = jnp.take(w, j, axis=w_axis)
+            xj = x[:, :, j] if per_member_in else x
+            outs.append(plan.up(xj, lambda v, wj=wj: v @ wj))
+        return jnp.stack(outs, axis=2)
+
+
+class Single(nnx.Module, _LowRankLatent):
+    """One projection into the residual stream: o (``d -> d``) or down (``d_ff -> d``).
+
+    Args:
+      arch: dense | svd | cola | lax.
+      d_in, d_out: widths; ``in_axis`` is the logical axis of the input (q_heads or mlp).
+      rank, init_std, lax_gate, lax_norm: as for :class:`Fanout`.
+    """
+
+    def __init__(self, arch: str, d_in: int, d_out: int, in_axis: str, rank: int,
+                 init_std: float, lax_gate: str = "identity", lax_norm: bool = False):
+        self.arch, self.rank = arch, rank
+        if arch == "dense":
+            self.w = param((d_in, d_out), Init("normal", init_std), (in_axis, "embed"))
+            return
+        std = cola_std(d_in, d_out, rank)
+        self.a = param((d_in, rank), Init("normal", std), (in_axis, "rank"))
+        self.b = param((rank, d_out), Init("normal", std), ("rank", "embed"))
+        if arch == "lax":
+            self.crossing = Crossing(rank, None, lax_gate, lax_norm)
+
+    def __call__(self, x: jax.Array, plan: Plan, prev: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array | None]:
+        """``x [b, s, d_in_local]`` -> ``(residual update [b, s, d_local], latent)``."""
+        if self.arch == "dense":
+            w = self.w[...]
+            return plan.down(x, lambda v: v @ w), None
+        a, b = self.a[...], self.b[...]
+        z = plan.down(x, lambda v: v @ a)
+        z, latent = self._latent(z, prev)
+        return plan.up(z, lambda v: v @ b), latent

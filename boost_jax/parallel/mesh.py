@@ -1,0 +1,38 @@
+"""The ``(data, pipe, tensor)`` device mesh, and simulated host devices on CPU-only machines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from boost_jax.config import ConfigError, Parallel
+from boost_jax.parallel.plans.base import MESH_AXES
+
+
+def request_host_devices(n: int) -> bool:
+    """Ask for ``n`` CPU devices; must run before JAX initialises its backends.
+
+    Only the CPU backend is affected, so this is harmless on GPU hosts. Returns False when the
+    backends are already up (the count can no longer change).
+    """
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+        return True
+    except RuntimeError:
+        return False
+
+
+def make_mesh(parallel: Parallel, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Mesh with axes ``("data", "pipe", "tensor")`` (all ``Auto``) over ``devices``.
+
+    Raises ConfigError when the mesh size differs from the number of devices.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if parallel.num_devices != len(devices):
+        d, p, t = parallel.shape
+        raise ConfigError(f"mesh Parallel.data x pipe x tensor = {d} x {p} x {t} = "
+                          f"{parallel.num_devices} devices, but {len(devices)} are available")
+    return jax.make_mesh(parallel.shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=devices)

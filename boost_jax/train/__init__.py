@@ -1,0 +1,1 @@
+"""The trainer: optimizer, jitted step, checkpoints, metrics and the ``python -m`` entry point."""

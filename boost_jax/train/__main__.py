@@ -1,0 +1,3 @@
+from boost_jax.train.main import run_app
+
+run_app()

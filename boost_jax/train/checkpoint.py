@@ -1,0 +1,84 @@
+"""Orbax checkpoints: sharded train state, the grain iterator state, and JSON metadata.
+
+Layout: ``<workdir>/checkpoints/<step>/{state, data, meta}``. Orbax writes each step under a
+temporary name and renames it when complete, so an interrupted save never looks like a
+checkpoint. On restore the newest step is tried first; a checkpoint that fails to restore is
+reported, moved aside to ``corrupt-<step>`` (nothing is deleted) and the next older one is used.
+Restoring onto a target with other shardings reshards on load.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+ITEMS = ("state", "data", "meta")
+
+
+class Checkpointer:
+    """Save / restore ``(state, data iterator, meta)``; keeps the newest ``keep`` steps."""
+
+    def __init__(self, directory: str | Path, keep: int, asynchronous: bool = True):
+        self.directory = Path(directory).absolute()
+        self.keep, self.asynchronous = keep, asynchronous
+        self._open()
+
+    def _open(self) -> None:
+        options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
+                                               enable_async_checkpointing=self.asynchronous)
+        self.mngr = ocp.CheckpointManager(self.directory, item_names=ITEMS, options=options)
+
+    def steps(self) -> list[int]:
+        return sorted(self.mngr.all_steps())
+
+    def save(self, step: int, state: dict, data_iter, meta: dict, wait: bool = False) -> None:
+        """Save at ``step``; ``wait`` blocks until the checkpoint is on disk."""
+        if step in self.mngr.all_steps():
+            return
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  data=grain.checkpoint.CheckpointSave(data_iter),
+                                  meta=ocp.args.JsonSave(meta))
+        self.mngr.save(step, args=args, force=True)
+        if wait:
+            self.mngr.wait_until_finished()
+
+    def restore_latest(self, target: dict, data_iter) -> tuple[dict, dict] | None:
+        """Restore the newest intact checkpoint into ``target`` shardings (and ``data_iter``).
+
+        Returns ``(state, meta)``, or None when there is no usable checkpoint.
+        """
+        for step in reversed(self.steps()):
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                      data=grain.checkpoint.CheckpointRestore(data_iter),
+                                      meta=ocp.args.JsonRestore())
+            try:
+                restored = self.mngr.restore(step, args=args)
+            except Exception as err:  # orbax/tensorstore raise many types on damaged files
+                msg = " ".join(str(err).split())[:300]
+                logging.warning("checkpoint %d in %s is unusable (%s: %s); moving it aside and "
+                                "trying an older one", step, self.directory, type(err).__name__,
+                                msg)
+                self._quarantine(step)
+                continue
+            return restored.state, restored.meta
+        return None
+
+    def _quarantine(self, step: int) -> None:
+        if jax.process_index() == 0:
+            src = self.directory / str(step)
+            if src.exists():
+                src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
+        self.mngr.close()
+        self._open()
+
+    def wait(self) -> None:
+        self.mngr.wait_until_finished()
+
+    def close(self) -> None:
+        self.mngr.wait_until_finished()
+        self.mngr.close()

@@ -1,0 +1,225 @@
+"""The training loop: restore-or-init, jitted steps, logging, eval, checkpoints, signals.
+
+Flow: mesh -> dataset -> sharded model + optimizer -> restore the newest intact checkpoint (or
+initialise from the seed) -> compile the step ahead of time -> loop. Metrics of step ``n`` are
+read back after step ``n + 1`` has been dispatched, so the host never stalls the device.
+SIGTERM/SIGINT stop the loop after the current step and write a checkpoint first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from boost_jax.analysis.flops import peak_flops, train_flops_per_token
+from boost_jax.config import Config, ConfigError
+from boost_jax.data.pipeline import eval_batches, open_dataset, train_iterator
+from boost_jax.parallel.mesh import make_mesh
+from boost_jax.parallel.runner import ShardedModel
+from boost_jax.train.checkpoint import Checkpointer
+from boost_jax.train.metrics import MetricsWriter, progress_line
+from boost_jax.train.optim import make_optimizer
+from boost_jax.train.step import abstract_state, init_state, make_eval_step, make_train_step
+
+
+@dataclasses.dataclass
+class Summary:
+    """What a run did (returned by :func:`run`)."""
+
+    start_step: int
+    step: int
+    final_loss: float | None
+    eval_loss: float | None
+    interrupted_by: int | None  # signal number, if a signal stopped the run
+    checkpoint_dir: str
+    metrics_file: str
+
+    @property
+    def eval_ppl(self) -> float | None:
+        return None if self.eval_loss is None else math.exp(self.eval_loss)
+
+
+class _Stop:
+    """Records SIGTERM/SIGINT so the loop can checkpoint and leave cleanly."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _check_resume(meta: dict, config: Config) -> None:
+    """Refuse a checkpoint of another model; warn about changes that alter the run."""
+    saved = meta.get("config", {})
+    model = saved.get("Model")
+    now = config.to_dict()
+    if model is not None and model != now["Model"]:
+        diff = sorted(k for k in model if model[k] != now["Model"].get(k))
+        raise ConfigError(f"the checkpoint was written for another model (Model.{diff[0]}="
+                          f"{model[diff[0]]!r}, now {now['Model'][diff[0]]!r}); use a new "
+                          "--workdir")
+    for group, keys in (("Train", ("seed", "batch_size", "seq_len", "schedule_steps")),
+                        ("Data", ("path", "tokenizer"))):
+        for k in keys:
+            old, new = saved.get(group, {}).get(k), now[group][k]
+            if old is not None and old != new:
+                logging.warning("resuming with %s.%s=%r (the checkpoint used %r): the run will "
+                                "not match an uninterrupted one", group, k, new, old)
+    old_h = saved.get("Train", {}).get("schedule_steps") or saved.get("Train", {}).get("steps")
+    if old_h is not None and old_h != config.train.horizon:
+        logging.warning("the learning-rate schedule now decays over %d steps (it was %d); set "
+                        "Train.schedule_steps to keep one schedule across runs",
+                        config.train.horizon, old_h)
+
+
+def _global_batch(local: dict, model: ShardedModel, global_batch: int) -> dict:
+    return {k: jax.make_array_from_process_local_data(model.batch_sharding, v,
+                                                      (global_batch, v.shape[1]))
+            for k, v in local.items()}
+
+
+def _write_config(workdir: Path, config: Config) -> None:
+    (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    (workdir / "config.gin").write_text(gin.config_str())
+
+
+def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
+        checkpoint_async: bool = True) -> Summary:
+    """Train (or resume training) ``config`` in ``workdir``; see the module docstring."""
+    workdir = Path(workdir).absolute()
+    m_cfg, t_cfg = config.model, config.train
+    lead = jax.process_index() == 0
+    mesh = make_mesh(config.parallel, devices)
+    dataset = open_dataset(config.data)
+    if dataset.vocab_size > m_cfg.vocab_size:
+        raise ConfigError(f"Model.vocab_size={m_cfg.vocab_size} is smaller than the vocabulary "
+                          f"of the dataset's tokenizer ({dataset.vocab_size})")
+    model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
+    tx, schedule = make_optimizer(t_cfg)
+    pi, pc = jax.process_index(), jax.process_count()
+    batch_rows = t_cfg.batch_size // pc
+    train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, pi, pc,
+                              config.data.worker_count)
+    evals = eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, pi, pc)
+    if lead:
+        workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
+    meta = {"config": config.to_dict(), "process_count": pc,
+            "worker_count": config.data.worker_count}
+
+    restored = ckpt.restore_latest(abstract_state(model, tx), train_it)
+    if restored is not None:
+        state, saved_meta = restored
+        _check_resume(saved_meta, config)
+        start = int(jax.device_get(state["step"]))
+        logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
+    else:
+        state, start = init_state(model, tx, t_cfg.seed), 0
+        logging.info("initialised %s/%s (%s parameters) from seed %d", m_cfg.arch, m_cfg.size,
+                     f"{sum(math.prod(d.shape) for d in model.defs.values()):,}", t_cfg.seed)
+    if lead:
+        _write_config(workdir, config)
+    writer = MetricsWriter(workdir, start, enabled=lead)
+
+    tokens = t_cfg.batch_size * t_cfg.seq_len
+    flops = train_flops_per_token(m_cfg, t_cfg.seq_len) * tokens / mesh.size
+    peak = (t_cfg.peak_tflops * 1e12 if t_cfg.peak_tflops
+            else peak_flops(mesh.devices.flat[0].device_kind, t_cfg.dtype))
+    t0 = time.perf_counter()
+    step_fn = make_train_step(model, tx, schedule)
+    example = _global_batch({k: np.zeros((batch_rows, t_cfg.seq_len), np.int32)
+                             for k in ("inputs", "targets")}, model, t_cfg.batch_size)
+    step_fn = step_fn.lower(state, example).compile()
+    eval_fn = make_eval_step(model)
+    logging.info("compiled the train step in %.1f s; %d steps of %d tokens on a %s mesh of %s",
+                 time.perf_counter() - t0, t_cfg.steps, tokens, dict(mesh.shape),
+                 mesh.devices.flat[0].device_kind)
+
+    def evaluate(step: int) -> float | None:
+        if not evals:
+            return None
+        loss = float(np.mean([jax.device_get(eval_fn(state["params"],
+                                                     _global_batch(b, model, t_cfg.batch_size)))
+                              for b in evals]))
+        writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
+        logging.info("eval at step %d: loss %.4f, perplexity %.2f", step, loss, math.exp(loss))
+        return loss
+
+    pending, last_done, final_loss, eval_loss = None, time.perf_counter(), None, None
+
+    def report(item) -> None:
+        nonlocal last_done, final_loss
+        step, metrics = item
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        dt, last_done = now - last_done, now
+        values.update(step_time=dt, tokens_per_sec=tokens / dt,
+                      tflops_per_device=flops / dt / 1e12,
+                      mfu=None if peak is None else flops / dt / peak)
+        final_loss = values["loss"]
+        writer.write(step, values)
+        if step % t_cfg.log_every == 0 or step == t_cfg.steps:
+            logging.info(progress_line(step, t_cfg.steps, values))
+
+    step = start
+    with _Stop() as stop:
+        while step < t_cfg.steps and stop.signum is None:
+            batch = _global_batch(next(train_it), model, t_cfg.batch_size)
+            state, metrics = step_fn(state, batch)
+            step += 1
+            if pending is not None:
+                report(pending)
+            pending = (step, metrics)
+            if step % t_cfg.checkpoint_every == 0 and step < t_cfg.steps:
+                ckpt.save(step, state, train_it, meta)
+            if step % t_cfg.eval_every == 0 and step < t_cfg.steps:
+                report(pending)
+                pending = None
+                eval_loss = evaluate(step)
+        if pending is not None:
+            report(pending)
+        interrupted = stop.signum
+    ckpt.save(step, state, train_it, meta, wait=True)
+    if interrupted is not None:
+        logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the same "
+                        "command to resume", interrupted, step)
+    elif step > start or eval_loss is None:
+        eval_loss = evaluate(step)
+    ckpt.close()
+    writer.close()
+    summary = Summary(start, step, final_loss, eval_loss, interrupted, str(ckpt.directory),
+                      str(writer.path))
+    if lead:
+        ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
+        loss = "n/a" if final_loss is None else f"{final_loss:.4f}"
+        logging.info("done: steps %d->%d, final train loss %s, eval perplexity %s, %.0f s",
+                     start, step, loss, ppl, time.perf_counter() - t0)
+        logging.info("checkpoints: %s", summary.checkpoint_dir)
+        logging.info("metrics: %s (TensorBoard: %s)", summary.metrics_file,
+                     workdir / "tensorboard")
+    return summary

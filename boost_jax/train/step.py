@@ -1,0 +1,82 @@
+"""Train state, its shardings, and the jitted train / eval steps.
+
+The state is a plain dict ``{"step": int32[], "params": ..., "opt_state": ...}``; parameters are
+fp32 and placed by the plan's PartitionSpecs, the optimizer moments mirror them, and the
+optimizer's scalars are replicated.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from boost_jax.models.init import unflatten
+from boost_jax.parallel.runner import ShardedModel
+
+
+def state_shardings(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
+    replicated = NamedSharding(model.mesh, P())
+    abstract_params = jax.tree.map(lambda d: jax.ShapeDtypeStruct(d.shape, jnp.float32),
+                                   _defs_tree(model))
+    opt_abstract = jax.eval_shape(tx.init, abstract_params)
+    opt = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, model.param_shardings,
+                                transform_non_params=lambda _: replicated)
+    return {"step": replicated, "params": model.param_shardings, "opt_state": opt}
+
+
+def _defs_tree(model: ShardedModel) -> dict:
+    return unflatten(dict(model.defs))
+
+
+def abstract_state(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
+    """ShapeDtypeStructs (with shardings) of the state: the restore target for checkpoints."""
+    shardings = state_shardings(model, tx)
+    params = jax.tree.map(lambda d: jax.ShapeDtypeStruct(d.shape, jnp.float32), _defs_tree(model))
+    shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
+              "opt_state": jax.eval_shape(tx.init, params)}
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
+
+
+def init_state(model: ShardedModel, tx: optax.GradientTransformation, seed: int) -> dict:
+    params = model.init(seed)
+    shardings = state_shardings(model, tx)
+    opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), shardings["step"])
+    return {"step": step, "params": params, "opt_state": opt_state}
+
+
+def make_train_step(model: ShardedModel, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule):
+    """``step(state, batch) -> (state, metrics)``, jitted with the state donated.
+
+    ``batch`` holds global int32 ``inputs``/``targets`` ``[batch, seq]`` sharded on ``data``;
+    metrics are replicated scalars: loss, grad_norm (before clipping) and lr.
+    """
+    shardings = state_shardings(model, tx)
+    batch_shardings = {"inputs": model.batch_sharding, "targets": model.batch_sharding}
+    replicated = NamedSharding(model.mesh, P())
+
+    def step(state, batch):
+        loss, grads = jax.value_and_grad(model.loss)(state["params"], batch["inputs"],
+                                                     batch["targets"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   "lr": schedule(state["step"])}
+        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+
+    return jax.jit(step, in_shardings=(shardings, batch_shardings),
+                   out_shardings=(shardings, replicated), donate_argnums=0)
+
+
+def make_eval_step(model: ShardedModel):
+    """``eval_step(params, batch) -> mean loss`` of one global batch."""
+    replicated = NamedSharding(model.mesh, P())
+    batch_shardings = {"inputs": model.batch_sharding, "targets": model.batch_sharding}
+    return jax.jit(lambda params, batch: model.loss(params, batch["inputs"], batch["targets"]),
+                   in_shardings=(model.param_shardings, batch_shardings),
+                   out_shardings=replicated)
