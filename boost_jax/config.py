@@ -40,6 +40,7 @@ def _set(obj, **kw) -> None:
 @dataclasses.dataclass(frozen=True)
 class Model:
     """The decoder. ``size`` picks a preset (models/presets.py); any field set here wins.
+    ``size='custom'`` starts from no preset (every dimension must then be given).
 
     ``rank`` sets both ``attn_rank`` (q, k, v, o) and ``mlp_rank`` (gate, up, down); unset ranks
     default to ``d_model // 4``.
@@ -66,16 +67,17 @@ class Model:
 
     def __post_init__(self):
         _check(self.arch in ARCHS, f"Model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
-        _check(self.size in PRESETS,
-               f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)}")
-        preset = dict(only_lr_act=True, **PRESETS[self.size])
+        _check(self.size in PRESETS or self.size == "custom",
+               f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)} "
+               "or 'custom' (every dimension set explicitly)")
+        preset = dict(only_lr_act=True, tie_embeddings=False, **PRESETS.get(self.size, {}))
         for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
                       "only_lr_act", "rank"):
             if getattr(self, field) is None and field in preset:
                 _set(self, **{field: preset[field]})
         if self.n_kv_heads is None:
             # a preset's kv-head count only applies when the head count is the preset's too
-            same = self.n_heads == preset["n_heads"]
+            same = "n_kv_heads" in preset and self.n_heads == preset["n_heads"]
             _set(self, n_kv_heads=preset["n_kv_heads"] if same else self.n_heads)
         for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
             value = getattr(self, name)

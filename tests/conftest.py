@@ -1,0 +1,58 @@
+"""Test setup: 8 simulated CPU devices, parsed absl flags, a compilation cache, small data.
+
+Everything here runs before JAX is imported by any test module.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      str(Path.home() / ".cache" / "boost_jax" / "jax_cache_tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+from absl import flags  # noqa: E402
+
+flags.FLAGS(sys.argv[:1], known_only=True)
+flags.FLAGS.mark_as_parsed()
+
+import gin  # noqa: E402
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    """Gin bindings are global: every test starts and ends without any."""
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A prepared dataset: three bundled plays, byte-level BPE with 512 tokens."""
+    import json
+    import lzma
+
+    from boost_jax.data.corpus import corpus_path
+    from boost_jax.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    with lzma.open(corpus_path("shakespeare"), "rt") as f:
+        docs = [json.loads(line) for _, line in zip(range(3), f)]
+    src = root / "plays.jsonl"
+    src.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    prepare([src], root / "prepared", tokenizer="bpe:512", eval_fraction=0.05)
+    return root / "prepared"
+
