@@ -70,7 +70,7 @@ class Model:
         _check(self.size in PRESETS or self.size == "custom",
                f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)} "
                "or 'custom' (every dimension set explicitly)")
-        preset = dict(only_lr_act=True, tie_embeddings=False, **PRESETS.get(self.size, {}))
+        preset = {"only_lr_act": True, "tie_embeddings": False, **PRESETS.get(self.size, {})}
         for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
                       "only_lr_act", "rank"):
             if getattr(self, field) is None and field in preset:

@@ -125,6 +125,7 @@ def bind(cfg: Model, params: dict, dtype=None) -> Decoder:
     return nnx.merge(graph, params)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
 def reference_logits(cfg: Model, params: dict, tokens: jax.Array, dtype=jnp.float32) -> jax.Array:
     """Single-device logits ``[b, s, V]`` with the ``none`` plan (no mesh needed)."""
     return bind(cfg, params, dtype).logits(tokens, Plan())

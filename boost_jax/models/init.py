@@ -88,12 +88,12 @@ def param_defs(abstract_model: nnx.Module, n_layers: int) -> dict[tuple, ParamDe
     return defs
 
 
-def param_key(seed: int, path: tuple) -> jax.Array:
+def param_key(seed: int | jax.Array, path: tuple) -> jax.Array:
     """The key of one parameter: a stable 32-bit hash of its path folded into the seed."""
     return jax.random.fold_in(jax.random.key(seed), zlib.crc32(path_str(path).encode()))
 
 
-def _init_one(seed: int, path: tuple, d: ParamDef) -> jax.Array:
+def _init_one(seed: jax.Array, path: tuple, d: ParamDef) -> jax.Array:
     key = param_key(seed, path)
     if not d.stacked:
         return d.init(key, d.shape)
@@ -130,7 +130,7 @@ def init_params(defs: Mapping[tuple, ParamDef], seed: int,
     ``shardings`` maps each ParamDef to its output sharding (or is a nested dict of them);
     ``None`` leaves placement to JAX (one device).
     """
-    def build():
+    def build(seed):  # the seed is traced: one compilation serves every seed
         return unflatten({p: _init_one(seed, p, d) for p, d in defs.items()})
 
     out_shardings = None
@@ -138,7 +138,7 @@ def init_params(defs: Mapping[tuple, ParamDef], seed: int,
         out_shardings = unflatten({p: shardings(d) for p, d in defs.items()})
     elif shardings is not None:
         out_shardings = shardings
-    return jax.jit(build, out_shardings=out_shardings)()
+    return jax.jit(build, out_shardings=out_shardings)(jnp.uint32(seed))
 
 
 def count(defs: Mapping[tuple, ParamDef]) -> int:

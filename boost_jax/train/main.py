@@ -62,7 +62,8 @@ def main(argv) -> int:
 
         summary = run(config, FLAGS.workdir)
     except ConfigError as err:
-        print(f"boost_jax.train: error: {err}", file=sys.stderr)
+        # gin appends the configurable's name on a second line; the first line says it all
+        print(f"boost_jax.train: error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     if summary.interrupted_by is not None:
         return 128 + summary.interrupted_by

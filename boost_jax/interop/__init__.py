@@ -1,0 +1,1 @@
+"""Interoperability with other frameworks: Hugging Face LLaMA import, SVD initialisation."""

@@ -1,0 +1,71 @@
+"""Config validation: every bad input is a one-line ConfigError naming the binding."""
+
+import pytest
+
+from boost_jax.config import ConfigError, Data, Model, Parallel, Train, load_config, parse_gin
+
+
+def _err(fn) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn()
+    return str(info.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(arch="moe"), "Model.arch='moe'"),
+    (dict(size="5b"), "Model.size='5b'"),
+    (dict(size="tiny", rank=64), "Model.attn_rank=64 must satisfy 0 < rank < Model.d_model=64"),
+    (dict(size="tiny", mlp_rank=100), "Model.mlp_rank=100"),
+    (dict(size="tiny", n_heads=5), "Model.n_heads=5 does not divide Model.d_model=64"),
+    (dict(size="tiny", n_heads=4, n_kv_heads=3), "Model.n_kv_heads=3 does not divide"),
+    (dict(size="tiny", lax_gate="conv"), "Model.lax_gate='conv'"),
+    (dict(size="custom"), "Model.d_model=None must be a positive integer"),
+])
+def test_bad_model(kwargs, needle):
+    assert needle in _err(lambda: Model(**kwargs))
+
+
+def test_dense_allows_any_rank_field():
+    # rank limits apply to low-rank archs only
+    assert Model(arch="dense", size="tiny", rank=64).d_model == 64
+
+
+def test_presets_and_overrides():
+    m = Model(size="7b")
+    assert (m.d_model, m.n_layers, m.n_heads, m.d_ff, m.attn_rank, m.mlp_rank) == \
+        (4096, 32, 32, 11008, 1024, 1024)
+    m = Model(size="60m")
+    assert (m.attn_rank, m.only_lr_act, m.tie_embeddings) == (128, False, False)
+    m = Model(size="tiny", d_model=128, attn_rank=8)
+    assert (m.d_model, m.attn_rank, m.mlp_rank) == (128, 8, 32)  # mlp rank defaults to d/4
+    assert Model(size="tiny", n_heads=8).n_kv_heads == 8  # preset kv heads only with its heads
+
+
+def test_bad_parallel_and_train():
+    assert "not yet supported" in _err(lambda: Parallel(tensor=4))
+    assert "not yet supported" in _err(lambda: Parallel(pipe=2))
+    assert "Parallel.tp_plan='megatron'" in _err(lambda: Parallel(tp_plan="megatron"))
+    assert "Train.dtype='fp16'" in _err(lambda: Train(dtype="fp16"))
+    assert "Train.warmup_steps=50" in _err(lambda: Train(steps=40, warmup_steps=50))
+    assert Train(steps=40, schedule_steps=80, warmup_steps=50).horizon == 80
+    assert "Data.eval_fraction" in _err(lambda: Data(eval_fraction=0.9))
+
+
+def test_batch_must_divide_data():
+    parse_gin(bindings=["Train.batch_size=10", "Parallel.data=4"])
+    assert "Train.batch_size=10 is not divisible by Parallel.data=4" in _err(load_config)
+
+
+def test_unknown_gin_binding():
+    assert "Model' doesn't have a parameter named 'depth'" in _err(
+        lambda: parse_gin(bindings=["Model.depth=3"]))
+    assert "No configurable matching 'Modle'" in _err(lambda: parse_gin(bindings=["Modle.arch=1"]))
+    assert "gin:" in _err(lambda: parse_gin(files=["no/such/file.gin"]))
+
+
+def test_gin_bindings_reach_config():
+    parse_gin(bindings=["Model.arch='svd'", "Model.size='tiny'", "Train.steps=7",
+                        "Parallel.data=2"])
+    cfg = load_config()
+    assert (cfg.model.arch, cfg.model.d_model, cfg.train.steps, cfg.parallel.data) == \
+        ("svd", 64, 7, 2)
