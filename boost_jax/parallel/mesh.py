@@ -32,7 +32,7 @@ def make_mesh(parallel: Parallel, devices: Sequence[jax.Device] | None = None) -
     devices = list(jax.devices() if devices is None else devices)
     if parallel.num_devices != len(devices):
         d, p, t = parallel.shape
-        raise ConfigError(f"mesh Parallel.data x pipe x tensor = {d} x {p} x {t} = "
+        raise ConfigError(f"the mesh Parallel.data x pipe x tensor = {d} x {p} x {t} needs "
                           f"{parallel.num_devices} devices, but {len(devices)} are available")
     return jax.make_mesh(parallel.shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
                          devices=devices)

@@ -67,7 +67,7 @@ def numpy_logits(cfg, params, tokens):
     for layer in range(cfg.n_layers):
         B = jax.tree.map(lambda x, layer=layer: x[layer], P["blocks"])
 
-        def proj(name, x, a, b, member=None):
+        def proj(name, x, a, b, member=None, B=B):
             cross = B[name].get("crossing", {})
             if member is not None:
                 cross = {k: v[member] for k, v in cross.items()}
@@ -77,13 +77,16 @@ def numpy_logits(cfg, params, tokens):
 
         x = _rms(h, B["attn_norm"], eps)
         if cfg.arch == "dense":
-            q, k, v = x @ B["qkv"]["w_q"][:, 0], x @ B["qkv"]["w_kv"][:, 0], x @ B["qkv"]["w_kv"][:, 1]
+            wq, wkv = B["qkv"]["w_q"], B["qkv"]["w_kv"]
+            q, k, v = x @ wq[:, 0], x @ wkv[:, 0], x @ wkv[:, 1]
         else:
             a, bq, bkv = B["qkv"]["a"], B["qkv"]["b_q"], B["qkv"]["b_kv"]
-            q, k, v = (proj("qkv", x, a[:, i], bb, i) for i, bb in enumerate([bq[0], bkv[0], bkv[1]]))
+            q, k, v = (proj("qkv", x, a[:, i], bb, i)
+                       for i, bb in enumerate([bq[0], bkv[0], bkv[1]]))
         split = lambda t: t.reshape(*t.shape[:2], -1, dh)  # noqa: E731
         att = _attention(split(q), split(k), split(v), cfg.rope_theta)
-        h = h + (att @ B["o"]["w"] if cfg.arch == "dense" else proj("o", att, B["o"]["a"], B["o"]["b"]))
+        h = h + (att @ B["o"]["w"] if cfg.arch == "dense"
+                 else proj("o", att, B["o"]["a"], B["o"]["b"]))
         x = _rms(h, B["mlp_norm"], eps)
         if cfg.arch == "dense":
             g, u = x @ B["gate_up"]["w_gu"][:, 0], x @ B["gate_up"]["w_gu"][:, 1]

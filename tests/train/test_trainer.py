@@ -1,0 +1,113 @@
+"""The training loop end to end (in-process): exact resume, data parallelism, checkpoints."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from boost_jax.config import Config, ConfigError, Data, Parallel, Train
+from boost_jax.testing import rel_err, tiny
+from boost_jax.train.loop import run
+
+
+def _config(data, steps, parallel=Parallel(), **train):
+    train = dict(dict(batch_size=8, seq_len=32, log_every=1000, eval_every=1000,
+                      checkpoint_every=1000, eval_batches=1, learning_rate=3e-3), **train)
+    return Config(tiny("cola"), parallel, Train(steps=steps, **train), Data(path=str(data)))
+
+
+def _losses(workdir) -> dict[int, float]:
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path):
+    one = jax.devices()[:1]
+    full = tmp_path / "full"
+    s = run(_config(tiny_data, 16, schedule_steps=16, checkpoint_every=4), full, one)
+    assert (s.start_step, s.step) == (0, 16) and s.eval_loss is not None
+    split = tmp_path / "split"
+    first = run(_config(tiny_data, 8, schedule_steps=16, checkpoint_every=4), split, one)
+    assert first.step == 8
+    second = run(_config(tiny_data, 16, schedule_steps=16, checkpoint_every=4), split, one)
+    assert (second.start_step, second.step) == (8, 16)
+    a, b = _losses(full), _losses(split)
+    assert sorted(b) == list(range(1, 17))  # no step logged twice
+    assert [a[k] for k in range(1, 17)] == [b[k] for k in range(1, 17)]  # bit-exact
+    assert a[16] < a[1]
+
+
+def test_data_parallel_matches_single_device(tiny_data, tmp_path):
+    ref = run(_config(tiny_data, 6), tmp_path / "dp1", jax.devices()[:1])
+    dp = run(_config(tiny_data, 6, Parallel(data=8)), tmp_path / "dp8", jax.devices())
+    a, b = _losses(tmp_path / "dp1"), _losses(tmp_path / "dp8")
+    assert rel_err([b[k] for k in sorted(b)], [a[k] for k in sorted(a)]) < 1e-5
+    assert abs(dp.eval_loss - ref.eval_loss) / ref.eval_loss < 1e-5
+
+
+def test_corrupt_checkpoint_falls_back_to_an_older_one(tiny_data, tmp_path):
+    one = jax.devices()[:1]
+    cfg = _config(tiny_data, 8, schedule_steps=12, checkpoint_every=4)
+    run(cfg, tmp_path, one)
+    before = _losses(tmp_path)
+    ckpt = tmp_path / "checkpoints"
+    assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [4, 8]
+    for f in (ckpt / "8" / "state").rglob("*"):  # damage the newest checkpoint's arrays
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"garbage")
+    s = run(_config(tiny_data, 12, schedule_steps=12, checkpoint_every=4), tmp_path, one)
+    assert s.start_step == 4
+    assert any(p.name.startswith("corrupt-8") for p in ckpt.iterdir())  # moved aside, kept
+    after = _losses(tmp_path)
+    assert [after[k] for k in range(5, 9)] == [before[k] for k in range(5, 9)]
+
+
+def test_partial_checkpoint_is_ignored(tiny_data, tmp_path):
+    one = jax.devices()[:1]
+    run(_config(tiny_data, 4, schedule_steps=8), tmp_path, one)
+    # a save that died half-way: orbax's temporary directory, never renamed
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(ckpt / "4", ckpt / "6.orbax-checkpoint-tmp")
+    s = run(_config(tiny_data, 8, schedule_steps=8), tmp_path, one)
+    assert (s.start_step, s.step) == (4, 8)
+
+
+def test_other_model_in_workdir_is_refused(tiny_data, tmp_path):
+    one = jax.devices()[:1]
+    run(_config(tiny_data, 2), tmp_path, one)
+    cfg = _config(tiny_data, 4)
+    cfg = Config(tiny("svd"), cfg.parallel, cfg.train, cfg.data)
+    with pytest.raises(ConfigError, match="another model"):
+        run(cfg, tmp_path, one)
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("mesh", "needs 8 devices, but 1 are available"),
+    ("data", "no prepared dataset"),
+    ("vocab", "Model.vocab_size=256 is smaller than the vocabulary"),
+])
+def test_bad_run_inputs(tiny_data, tmp_path, case, needle):
+    cfg = _config(tiny_data, 2)
+    if case == "mesh":
+        cfg = _config(tiny_data, 2, Parallel(data=8))
+    elif case == "data":
+        cfg = Config(cfg.model, cfg.parallel, cfg.train, Data(path=str(tmp_path / "none")))
+    else:
+        cfg = Config(tiny("cola", vocab_size=256), cfg.parallel, cfg.train, cfg.data)
+    with pytest.raises(ConfigError, match=needle):
+        run(cfg, tmp_path / "w", jax.devices()[:1])
+    assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_metrics_file_contents(tiny_data, tmp_path):
+    run(_config(tiny_data, 3, eval_every=2), tmp_path, jax.devices()[:1])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3]
+    assert {"loss", "lr", "grad_norm", "step_time", "tokens_per_sec", "mfu"} <= set(train_rows[0])
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2, 3]
+    assert np.isfinite([r["loss"] for r in train_rows]).all()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert json.loads((tmp_path / "config.json").read_text())["Model"]["arch"] == "cola"
