@@ -10,6 +10,7 @@ Restoring onto a target with other shardings reshards on load.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grain
@@ -47,28 +48,38 @@ class Checkpointer:
         if wait:
             self.mngr.wait_until_finished()
 
-    def restore_latest(self, target: dict, data_iter) -> tuple[dict, dict] | None:
+    def restore_latest(self, target: dict, data_iter,
+                       check_meta: Callable[[dict], None] = lambda meta: None
+                       ) -> tuple[dict, dict] | None:
         """Restore the newest intact checkpoint into ``target`` shardings (and ``data_iter``).
 
-        Returns ``(state, meta)``, or None when there is no usable checkpoint.
+        ``check_meta`` sees each candidate's metadata before any array is read and raises to
+        refuse it (e.g. a checkpoint of another model): that error propagates, it does not
+        mark the checkpoint as damaged. Returns ``(state, meta)``, or None when there is no
+        usable checkpoint.
         """
         for step in reversed(self.steps()):
+            try:
+                meta = self.mngr.restore(step, args=ocp.args.Composite(
+                    meta=ocp.args.JsonRestore())).meta
+            except Exception as err:  # orbax raises many types on damaged files
+                self._quarantine(step, err)
+                continue
+            check_meta(meta)
             args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                      data=grain.checkpoint.CheckpointRestore(data_iter),
-                                      meta=ocp.args.JsonRestore())
+                                      data=grain.checkpoint.CheckpointRestore(data_iter))
             try:
                 restored = self.mngr.restore(step, args=args)
-            except Exception as err:  # orbax/tensorstore raise many types on damaged files
-                msg = " ".join(str(err).split())[:300]
-                logging.warning("checkpoint %d in %s is unusable (%s: %s); moving it aside and "
-                                "trying an older one", step, self.directory, type(err).__name__,
-                                msg)
-                self._quarantine(step)
+            except Exception as err:  # tensorstore/orbax errors of a damaged checkpoint
+                self._quarantine(step, err)
                 continue
-            return restored.state, restored.meta
+            return restored.state, meta
         return None
 
-    def _quarantine(self, step: int) -> None:
+    def _quarantine(self, step: int, err: Exception) -> None:
+        msg = " ".join(str(err).split())[:300]
+        logging.warning("checkpoint %d in %s is unusable (%s: %s); moving it aside and trying "
+                        "an older one", step, self.directory, type(err).__name__, msg)
         if jax.process_index() == 0:
             src = self.directory / str(step)
             if src.exists():

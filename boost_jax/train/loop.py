@@ -132,10 +132,10 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     meta = {"config": config.to_dict(), "process_count": pc,
             "worker_count": config.data.worker_count}
 
-    restored = ckpt.restore_latest(abstract_state(model, tx), train_it)
+    restored = ckpt.restore_latest(abstract_state(model, tx), train_it,
+                                   check_meta=lambda saved: _check_resume(saved, config))
     if restored is not None:
-        state, saved_meta = restored
-        _check_resume(saved_meta, config)
+        state, _ = restored
         start = int(jax.device_get(state["step"]))
         logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
     else:
