@@ -42,6 +42,11 @@ class ShardedModel:
         self.param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.param_specs)
         self.batch_sharding = NamedSharding(mesh, BATCH_SPEC)
 
+    def param_shapes(self) -> dict:
+        """``ShapeDtypeStruct`` (global shape, fp32) of every parameter, as a nested dict."""
+        return unflatten({p: jax.ShapeDtypeStruct(d.shape, jnp.float32)
+                          for p, d in self.defs.items()})
+
     def init(self, seed: int) -> dict:
         """Global fp32 parameters from ``(seed, path)``, placed with the plan's shardings."""
         return init_params(self.defs, seed, self.param_shardings)

@@ -108,12 +108,52 @@ def _write_config(workdir: Path, config: Config) -> None:
     (workdir / "config.gin").write_text(gin.config_str())
 
 
+class _Reporter:
+    """Reads a step's metrics back from the device and logs them with step time, throughput
+    and MFU (the time of step n is the gap between the completions of steps n-1 and n)."""
+
+    def __init__(self, writer: MetricsWriter, total: int, log_every: int, tokens: int,
+                 flops_per_device: float, peak: float | None):
+        self.writer, self.total, self.log_every = writer, total, log_every
+        self.tokens, self.flops, self.peak = tokens, flops_per_device, peak
+        self.last_done, self.last_loss = time.perf_counter(), None
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        dt, self.last_done = now - self.last_done, now
+        values.update(step_time=dt, tokens_per_sec=self.tokens / dt,
+                      tflops_per_device=self.flops / dt / 1e12,
+                      mfu=None if self.peak is None else self.flops / dt / self.peak)
+        self.last_loss = values["loss"]
+        self.writer.write(step, values)
+        if step % self.log_every == 0 or step == self.total:
+            logging.info(progress_line(step, self.total, values))
+
+
+def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, tx, config: Config,
+                     train_it) -> tuple[dict, int]:
+    restored = ckpt.restore_latest(abstract_state(model, tx), train_it,
+                                   check_meta=lambda saved: _check_resume(saved, config))
+    if restored is not None:
+        state = restored[0]
+        start = int(jax.device_get(state["step"]))
+        logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
+        return state, start
+    m = config.model
+    n_params = sum(math.prod(d.shape) for d in model.defs.values())
+    logging.info("initialised %s/%s (%s parameters) from seed %d", m.arch, m.size,
+                 f"{n_params:,}", config.train.seed)
+    return init_state(model, tx, config.train.seed), 0
+
+
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
         checkpoint_async: bool = True) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring."""
+    t_start = time.perf_counter()
     workdir = Path(workdir).absolute()
     m_cfg, t_cfg = config.model, config.train
-    lead = jax.process_index() == 0
+    pi, pc = jax.process_index(), jax.process_count()
     mesh = make_mesh(config.parallel, devices)
     dataset = open_dataset(config.data)
     if dataset.vocab_size > m_cfg.vocab_size:
@@ -121,88 +161,59 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                           f"of the dataset's tokenizer ({dataset.vocab_size})")
     model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
     tx, schedule = make_optimizer(t_cfg)
-    pi, pc = jax.process_index(), jax.process_count()
-    batch_rows = t_cfg.batch_size // pc
     train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, pi, pc,
                               config.data.worker_count)
-    evals = eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, pi, pc)
-    if lead:
+    evals = [_global_batch(b, model, t_cfg.batch_size) for b in
+             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, pi, pc)]
+    if pi == 0:
         workdir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
     meta = {"config": config.to_dict(), "process_count": pc,
             "worker_count": config.data.worker_count}
-
-    restored = ckpt.restore_latest(abstract_state(model, tx), train_it,
-                                   check_meta=lambda saved: _check_resume(saved, config))
-    if restored is not None:
-        state, _ = restored
-        start = int(jax.device_get(state["step"]))
-        logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
-    else:
-        state, start = init_state(model, tx, t_cfg.seed), 0
-        logging.info("initialised %s/%s (%s parameters) from seed %d", m_cfg.arch, m_cfg.size,
-                     f"{sum(math.prod(d.shape) for d in model.defs.values()):,}", t_cfg.seed)
-    if lead:
+    state, start = _restore_or_init(ckpt, model, tx, config, train_it)
+    if pi == 0:
         _write_config(workdir, config)
-    writer = MetricsWriter(workdir, start, enabled=lead)
+    writer = MetricsWriter(workdir, start, enabled=pi == 0)
 
-    tokens = t_cfg.batch_size * t_cfg.seq_len
-    flops = train_flops_per_token(m_cfg, t_cfg.seq_len) * tokens / mesh.size
-    peak = (t_cfg.peak_tflops * 1e12 if t_cfg.peak_tflops
-            else peak_flops(mesh.devices.flat[0].device_kind, t_cfg.dtype))
     t0 = time.perf_counter()
-    step_fn = make_train_step(model, tx, schedule)
-    example = _global_batch({k: np.zeros((batch_rows, t_cfg.seq_len), np.int32)
+    example = _global_batch({k: np.zeros((t_cfg.batch_size // pc, t_cfg.seq_len), np.int32)
                              for k in ("inputs", "targets")}, model, t_cfg.batch_size)
-    step_fn = step_fn.lower(state, example).compile()
+    step_fn = make_train_step(model, tx, schedule).lower(state, example).compile()
     eval_fn = make_eval_step(model)
+    tokens = t_cfg.batch_size * t_cfg.seq_len
+    device_kind = mesh.devices.flat[0].device_kind
     logging.info("compiled the train step in %.1f s; %d steps of %d tokens on a %s mesh of %s",
-                 time.perf_counter() - t0, t_cfg.steps, tokens, dict(mesh.shape),
-                 mesh.devices.flat[0].device_kind)
+                 time.perf_counter() - t0, t_cfg.steps, tokens, dict(mesh.shape), device_kind)
+    peak = (t_cfg.peak_tflops * 1e12 if t_cfg.peak_tflops
+            else peak_flops(device_kind, t_cfg.dtype))
+    report = _Reporter(writer, t_cfg.steps, t_cfg.log_every, tokens,
+                       train_flops_per_token(m_cfg, t_cfg.seq_len) * tokens / mesh.size, peak)
 
     def evaluate(step: int) -> float | None:
         if not evals:
             return None
-        loss = float(np.mean([jax.device_get(eval_fn(state["params"],
-                                                     _global_batch(b, model, t_cfg.batch_size)))
-                              for b in evals]))
+        loss = float(np.mean([jax.device_get(eval_fn(state["params"], b)) for b in evals]))
         writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
         logging.info("eval at step %d: loss %.4f, perplexity %.2f", step, loss, math.exp(loss))
         return loss
 
-    pending, last_done, final_loss, eval_loss = None, time.perf_counter(), None, None
-
-    def report(item) -> None:
-        nonlocal last_done, final_loss
-        step, metrics = item
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        now = time.perf_counter()
-        dt, last_done = now - last_done, now
-        values.update(step_time=dt, tokens_per_sec=tokens / dt,
-                      tflops_per_device=flops / dt / 1e12,
-                      mfu=None if peak is None else flops / dt / peak)
-        final_loss = values["loss"]
-        writer.write(step, values)
-        if step % t_cfg.log_every == 0 or step == t_cfg.steps:
-            logging.info(progress_line(step, t_cfg.steps, values))
-
-    step = start
+    # metrics of step n are read after step n+1 is dispatched: the host never stalls the device
+    step, pending, eval_loss = start, None, None
     with _Stop() as stop:
         while step < t_cfg.steps and stop.signum is None:
             batch = _global_batch(next(train_it), model, t_cfg.batch_size)
             state, metrics = step_fn(state, batch)
             step += 1
             if pending is not None:
-                report(pending)
+                report(*pending)
             pending = (step, metrics)
             if step % t_cfg.checkpoint_every == 0 and step < t_cfg.steps:
                 ckpt.save(step, state, train_it, meta)
             if step % t_cfg.eval_every == 0 and step < t_cfg.steps:
-                report(pending)
-                pending = None
-                eval_loss = evaluate(step)
+                report(*pending)
+                pending, eval_loss = None, evaluate(step)
         if pending is not None:
-            report(pending)
+            report(*pending)
         interrupted = stop.signum
     ckpt.save(step, state, train_it, meta, wait=True)
     if interrupted is not None:
@@ -212,13 +223,13 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
         eval_loss = evaluate(step)
     ckpt.close()
     writer.close()
-    summary = Summary(start, step, final_loss, eval_loss, interrupted, str(ckpt.directory),
-                      str(writer.path))
-    if lead:
+    summary = Summary(start, step, report.last_loss, eval_loss, interrupted,
+                      str(ckpt.directory), str(writer.path))
+    if pi == 0:
         ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
-        loss = "n/a" if final_loss is None else f"{final_loss:.4f}"
+        loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
         logging.info("done: steps %d->%d, final train loss %s, eval perplexity %s, %.0f s",
-                     start, step, loss, ppl, time.perf_counter() - t0)
+                     start, step, loss, ppl, time.perf_counter() - t_start)
         logging.info("checkpoints: %s", summary.checkpoint_dir)
         logging.info("metrics: %s (TensorBoard: %s)", summary.metrics_file,
                      workdir / "tensorboard")

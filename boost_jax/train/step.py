@@ -13,32 +13,28 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.models.init import unflatten
 from boost_jax.parallel.runner import ShardedModel
 
 
+def _shapes(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
+    params = model.param_shapes()
+    return {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
+            "opt_state": jax.eval_shape(tx.init, params)}
+
+
 def state_shardings(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
+    """Shardings of the state: parameters and optimizer moments by the plan, scalars
+    replicated."""
     replicated = NamedSharding(model.mesh, P())
-    abstract_params = jax.tree.map(lambda d: jax.ShapeDtypeStruct(d.shape, jnp.float32),
-                                   _defs_tree(model))
-    opt_abstract = jax.eval_shape(tx.init, abstract_params)
-    opt = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, model.param_shardings,
-                                transform_non_params=lambda _: replicated)
+    opt = optax.tree_map_params(tx, lambda _, sharding: sharding, _shapes(model, tx)["opt_state"],
+                                model.param_shardings, transform_non_params=lambda _: replicated)
     return {"step": replicated, "params": model.param_shardings, "opt_state": opt}
-
-
-def _defs_tree(model: ShardedModel) -> dict:
-    return unflatten(dict(model.defs))
 
 
 def abstract_state(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
     """ShapeDtypeStructs (with shardings) of the state: the restore target for checkpoints."""
-    shardings = state_shardings(model, tx)
-    params = jax.tree.map(lambda d: jax.ShapeDtypeStruct(d.shape, jnp.float32), _defs_tree(model))
-    shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
-              "opt_state": jax.eval_shape(tx.init, params)}
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        shapes, shardings)
+                        _shapes(model, tx), state_shardings(model, tx))
 
 
 def init_state(model: ShardedModel, tx: optax.GradientTransformation, seed: int) -> dict:
