@@ -19,6 +19,7 @@ from boost_jax.models.presets import PRESETS
 ARCHS = ("dense", "svd", "cola", "lax")
 LAX_GATES = ("identity", "dense", "kronecker")
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
+RMSNORMS = ("online", "sync")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -116,13 +117,22 @@ class Model:
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class Parallel:
-    """The ``(data, pipe, tensor)`` device mesh and the tensor-parallel plan."""
+    """The ``(data, pipe, tensor)`` device mesh and the tensor-parallel plan.
 
-    data: int = 1
+    ``tp_plan``: ``none`` (no TP), ``fullrank`` (Megatron, dense arch), ``vanilla`` (naive
+    low-rank TP) or ``btp`` (bottleneck-aware TP). ``rmsnorm`` (btp): ``online`` (the norm
+    statistic rides in the A factor's all-reduce) or ``sync`` (its own all-reduce first).
+    ``norm_payload`` (btp online): dtype of that fused all-reduce, ``compute`` (the compute
+    dtype) or ``float32``.
+    """
+
+    data: int = 2
     pipe: int = 1
-    tensor: int = 1
-    tp_plan: str = "none"
-    grouping: bool = True  # one GEMM for the q/k/v (gate/up) A factors, batched B factors
+    tensor: int = 4
+    tp_plan: str = "btp"
+    rmsnorm: str = "online"
+    norm_payload: str = "compute"
+    grouping: bool = True  # one GEMM (and collective) for the q/k/v or gate/up A factors
 
     def __post_init__(self):
         for name in ("data", "pipe", "tensor"):
@@ -131,9 +141,13 @@ class Parallel:
                    f"Parallel.{name}={value!r} must be a positive integer")
         _check(self.tp_plan in TP_PLANS,
                f"Parallel.tp_plan={self.tp_plan!r} is not one of {', '.join(TP_PLANS)}")
-        _check(self.tensor == 1 and self.tp_plan == "none",
-               f"Parallel.tensor={self.tensor}, Parallel.tp_plan={self.tp_plan!r}: tensor "
-               "parallelism is not yet supported (use Parallel.tensor=1, tp_plan='none')")
+        _check(self.rmsnorm in RMSNORMS,
+               f"Parallel.rmsnorm={self.rmsnorm!r} is not one of {', '.join(RMSNORMS)}")
+        _check(self.norm_payload in ("compute", "float32"),
+               f"Parallel.norm_payload={self.norm_payload!r} is not 'compute' or 'float32'")
+        _check(self.tensor == 1 or self.tp_plan != "none",
+               f"Parallel.tensor={self.tensor} needs a tensor-parallel plan: set "
+               "Parallel.tp_plan to 'btp', 'vanilla' or 'fullrank'")
         _check(self.pipe == 1,
                f"Parallel.pipe={self.pipe}: pipeline parallelism is not yet supported "
                "(use Parallel.pipe=1)")
@@ -230,6 +244,9 @@ class Config:
         _check(self.train.batch_size % self.parallel.data == 0,
                f"Train.batch_size={self.train.batch_size} is not divisible by "
                f"Parallel.data={self.parallel.data}")
+        from boost_jax.parallel.plans import get_plan  # the plans import this module
+
+        get_plan(self.parallel).check(self.model, self.parallel.tensor)
 
     def to_dict(self) -> dict:
         return {type(g).__name__: dataclasses.asdict(g)

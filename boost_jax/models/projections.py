@@ -150,9 +150,13 @@ class Fanout(nnx.Module, _LowRankLatent):
         """
         if self.arch == "dense":
             x = plan.norm(h, scale, eps)
-            return {name: self._up(x, getattr(self, f"w_{name}")[...], "bsd,dmf->bsmf",
-                                   plan, grouped, per_member_in=False)
-                    for name, *_ in self.outs}, None
+            weights = {name: getattr(self, f"w_{name}")[...] for name, *_ in self.outs}
+            if grouped:  # one f for all members: q and kv (or gate and up) read one input
+                return plan.up(x, lambda v: {n: jnp.einsum("bsd,dmf->bsmf", v, w)
+                                             for n, w in weights.items()}), None
+            return {n: jnp.stack([plan.up(x, lambda v, wj=w[:, j]: v @ wj)
+                                  for j in range(w.shape[1])], axis=2)
+                    for n, w in weights.items()}, None
         a = self.a[...]
         if grouped:
             z = plan.norm_down(h, scale, eps, lambda x: jnp.einsum("bsd,dcr->bscr", x, a))
@@ -160,27 +164,17 @@ class Fanout(nnx.Module, _LowRankLatent):
             z = jnp.stack([plan.norm_down(h, scale, eps, lambda x, i=i: x @ a[:, i])
                            for i in range(self.members)], axis=2)
         z, latent = self._latent(z, prev)
-        outs, start = {}, 0
+        b = {name: getattr(self, f"b_{name}")[...] for name, *_ in self.outs}
+        slices, start = {}, 0
         for name, m, _, _ in self.outs:
-            b = getattr(self, f"b_{name}")[...]
-            outs[name] = self._up(z[:, :, start:start + m], b, "bsmr,mrf->bsmf", plan, grouped,
-                                  per_member_in=True)
+            slices[name] = slice(start, start + m)
             start += m
-        return outs, latent
-
-    @staticmethod
-    def _up(x, w, spec, plan, grouped, per_member_in):
-        """Batched (grouped) or per-member column-type GEMMs."""
-        if grouped:
-            return plan.up(x, lambda v: jnp.einsum(spec, v, w))
-        w_axis = 0 if per_member_in else 1
-        members = w.shape[w_axis]
-        outs = []
-        for j in range(members):
-            wj = jnp.take(w, j, axis=w_axis)
-            xj = x[:, :, j] if per_member_in else x
-            outs.append(plan.up(xj, lambda v, wj=wj: v @ wj))
-        return jnp.stack(outs, axis=2)
+        if grouped:  # one collective boundary for the whole [b, s, c, r] latent
+            return plan.up(z, lambda v: {n: jnp.einsum("bsmr,mrf->bsmf", v[:, :, sl], b[n])
+                                         for n, sl in slices.items()}), latent
+        return {n: jnp.stack([plan.up(z[:, :, sl.start + j], lambda v, bj=b[n][j]: v @ bj)
+                              for j in range(sl.stop - sl.start)], axis=2)
+                for n, sl in slices.items()}, latent
 
 
 class Single(nnx.Module, _LowRankLatent):

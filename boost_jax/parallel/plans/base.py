@@ -1,4 +1,5 @@
-"""The plan interface, and ``none``: the single-device (or pure data-parallel) reference.
+"""The plan interface; ``none`` (the single-device / data-parallel reference); and the
+vocab-parallel boundary every tensor-parallel plan shares.
 
 The decoder block (models/decoder.py) is written once against these boundary functions. Each
 runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.parallel.runner`:
@@ -15,24 +16,46 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
 ``token_loss``     logits + targets -> per-token cross-entropy (fp32)
 =================  ==========================================================================
 
-``gemm`` arguments are callables holding the local matrix product, so a plan decides only where
-collectives go, never how the projection is computed.
+``gemm`` arguments are callables holding the local matrix products (returning an array or a
+dict of arrays), so a plan decides only where collectives go, never how a projection is
+computed. Collectives are plain ``psum``/``psum_scatter``/``all_gather`` plus explicit
+``pcast`` (Megatron's *f*: a replicated activation entering sharded weights); their backward
+collectives come from JAX's transpose rules, never from hand-written custom_vjps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from boost_jax.config import ConfigError, Model
 from boost_jax.models.norms import rms_norm
+from boost_jax.parallel.vocab import vocab_cross_entropy, vocab_embed
 
-Gemm = Callable[[jax.Array], jax.Array]
+Gemm = Callable[[jax.Array], Any]
 
 DATA, PIPE, TENSOR = "data", "pipe", "tensor"
 MESH_AXES = (DATA, PIPE, TENSOR)
+
+
+def f_op(x):
+    """Megatron's *f*: mark a replicated value as entering tensor-sharded weights.
+
+    Identity in the forward pass; its transpose sums the partial cotangents over ``tensor``
+    (one all-reduce). Applying it once per input (rather than letting every GEMM cast its own
+    copy) keeps the backward pass at one collective per grouped input.
+    """
+    return jax.tree.map(lambda v: lax.pcast(v, (TENSOR,), to="varying"), x)
+
+
+def g_op(x):
+    """Megatron's *g*: sum partial results over ``tensor`` (its transpose is free)."""
+    return jax.tree.map(lambda v: lax.psum(v, TENSOR), x)
 
 
 class Plan:
@@ -41,6 +64,24 @@ class Plan:
     name = "none"
     #: logical axis name -> mesh axis (absent = replicated)
     rules: Mapping[str, str | None] = {}
+    #: the archs this plan can run
+    archs: tuple[str, ...] = ("dense", "svd", "cola", "lax")
+
+    def check(self, model: Model, tensor: int) -> None:
+        """Raise ConfigError if ``model`` cannot run under this plan at TP degree ``tensor``."""
+        if model.arch not in self.archs:
+            raise ConfigError(f"Parallel.tp_plan={self.name!r} runs Model.arch in "
+                              f"{', '.join(self.archs)}, not {model.arch!r}"
+                              + (" (use 'fullrank' for dense)" if model.arch == "dense" else
+                                 " (use 'btp' or 'vanilla' for low-rank archs)"))
+        for name, size in self.divisible(model):
+            if size % tensor:
+                raise ConfigError(f"Parallel.tensor={tensor} does not divide {name}={size} "
+                                  f"(Parallel.tp_plan={self.name!r} shards it)")
+
+    def divisible(self, model: Model) -> list[tuple[str, int]]:
+        """The sizes this plan splits over ``tensor``."""
+        return []
 
     def spec(self, axes: Sequence[str | None]) -> P:
         """PartitionSpec of a parameter with the given logical axes."""
@@ -57,10 +98,10 @@ class Plan:
     def norm_down(self, h: jax.Array, scale: jax.Array, eps: float, gemm: Gemm) -> jax.Array:
         return gemm(rms_norm(h, scale, eps))
 
-    def down(self, x: jax.Array, gemm: Gemm) -> jax.Array:
+    def down(self, x: jax.Array, gemm: Gemm):
         return gemm(x)
 
-    def up(self, z: jax.Array, gemm: Gemm) -> jax.Array:
+    def up(self, z: jax.Array, gemm: Gemm):
         return gemm(z)
 
     def final_hidden(self, h: jax.Array) -> jax.Array:
@@ -76,3 +117,23 @@ class Plan:
         lse = jax.nn.logsumexp(logits, axis=-1)
         target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
         return lse - target
+
+
+class VocabParallelPlan(Plan):
+    """What every tensor-parallel plan shares: the embedding table is split on the vocabulary
+    (``[V/p, d]``) and the LM head on its output (``[d, V/p]``), and the cross-entropy works
+    on vocab-sharded logits, so full-vocab logits never exist on one device."""
+
+    def divisible(self, model: Model) -> list[tuple[str, int]]:
+        return [("Model.vocab_size", model.vocab_size)]
+
+    def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
+        """Replicated residual ``[b, s, d]``: one all-reduce of the looked-up rows."""
+        return vocab_embed(tokens, table, scatter=False)
+
+    def logits(self, x: jax.Array, head: jax.Array) -> jax.Array:
+        """Local vocab shard ``[b, s, V/p]`` of the logits (column-parallel head)."""
+        return super().logits(f_op(x), head)
+
+    def token_loss(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
+        return vocab_cross_entropy(logits, targets)

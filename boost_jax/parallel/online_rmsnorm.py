@@ -1,0 +1,65 @@
+"""RMSNorm of a residual stream split on ``d`` over ``tensor``, fused into the next A factor.
+
+Rank ``i`` holds ``x_i [T, d/p]``, ``gamma_i`` and the matching rows ``A_i [d/p, c r]`` of the
+(grouped) A factor. With ``s_i = ||x_i||^2`` and ``rho = sqrt(sum_i s_i / d + eps)``::
+
+    RMSNorm(x) A = sum_i (x_i * gamma_i) A_i / rho
+
+**online** (SPEC §3): each rank normalises by its *local* RMS ``rho_i = sqrt(s_i/(d/p) + eps)``
+(keeping the GEMM input well scaled in bf16), multiplies its partial product back by
+``rho_i``, and appends ``s_i``; ONE all-reduce of ``[T, c r + 1]`` then yields both
+``sum_i (x_i/rho_i * gamma_i) A_i rho_i = sum_i (x_i * gamma_i) A_i`` and ``S = sum_i s_i``, and
+dividing by ``rho = sqrt(S/d + eps)`` recovers ``RMSNorm(x) A`` exactly (eps included). The
+statistic needs no backward collective: the all-reduce's transpose is free and ``s_i`` depends
+on ``x_i`` alone.
+
+**sync**: all-reduce the ``[T, 1]`` statistic first, normalise exactly, then all-reduce the
+product: one more (latency-bound) collective in the forward pass, and one in the backward pass
+(the cotangent of the shared ``rho`` is a sum over ranks).
+
+The fused payload travels in ``payload_dtype``: the compute dtype (``[T, c r + 1]`` in bf16
+under bf16 training, the statistic then rounded to bf16) or float32 (the statistic exact, the
+payload twice as wide in bf16 runs). The statistic is always accumulated locally in fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from boost_jax.models.norms import sum_squares
+
+TENSOR = "tensor"
+
+
+def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
+                     payload_dtype=None) -> jax.Array:
+    """``gemm(RMSNorm(x))`` for ``x [b, s, d/p]`` sharded on ``tensor``, with one all-reduce.
+
+    ``gemm`` maps ``[b, s, d/p]`` to this rank's partial product ``[b, s, ...]`` (e.g.
+    ``[b, s, 3, r]``); the result has the same shape, replicated over ``tensor``.
+    """
+    d = x.shape[-1] * lax.axis_size(TENSOR)
+    s_i = sum_squares(x)  # [b, s, 1] fp32
+    rho_i = jnp.sqrt(s_i / x.shape[-1] + eps)
+    x_hat = (x.astype(jnp.float32) / rho_i * scale.astype(jnp.float32)).astype(x.dtype)
+    h_i = gemm(x_hat)
+    lead, tail = h_i.shape[:2], h_i.shape[2:]
+    dtype = payload_dtype or h_i.dtype
+    payload = jnp.concatenate([(h_i.reshape(*lead, -1) * rho_i).astype(dtype),
+                               s_i.astype(dtype)], axis=-1)
+    total = lax.psum(payload, TENSOR)
+    h, s = total[..., :-1].astype(jnp.float32), total[..., -1:].astype(jnp.float32)
+    return (h / jnp.sqrt(s / d + eps)).astype(h_i.dtype).reshape(*lead, *tail)
+
+
+def sync_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable) -> jax.Array:
+    """The same result as :func:`online_norm_down` with the statistic all-reduced first."""
+    d = x.shape[-1] * lax.axis_size(TENSOR)
+    s = lax.psum(sum_squares(x), TENSOR)
+    inv = lax.rsqrt(s / d + eps)
+    x_hat = (x.astype(jnp.float32) * inv * scale.astype(jnp.float32)).astype(x.dtype)
+    return lax.psum(gemm(x_hat), TENSOR)

@@ -1,0 +1,62 @@
+"""``btp``: Bottleneck-aware tensor parallelism (BOOST, SPEC §2.3).
+
+Every chunk boundary is shifted by one factor: a chunk starts at a B factor, column-split on
+its full output dim (``d`` or ``d_ff``), and ends at the next A factor, row-split on its full
+input dim; the only collective is the all-reduce of that A's partial output -- an ``r``-wide
+latent. The residual stream stays split on ``d`` between layers (rank ``i`` holds columns
+``[i d/p, (i+1) d/p)``), heads and ``d_ff`` are local, and no layer parameter is replicated.
+
+Per token per layer (online RMSNorm, grouping on): forward all-reduces of widths
+``3r+1, r, 2r+1, r`` and backward ones of ``3r, r, 2r, r`` (the transposes of *f* at the B
+inputs) -- ``14 r + 2`` elements. The embedding reduce-scatters straight into the residual
+shard; the final hidden state is all-gathered before the (replicated) final norm.
+"""
+
+from __future__ import annotations
+
+from jax import lax
+
+from boost_jax.config import Model
+from boost_jax.parallel.online_rmsnorm import online_norm_down, sync_norm_down
+from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
+from boost_jax.parallel.vocab import vocab_embed
+
+
+class BTPPlan(VocabParallelPlan):
+    name = "btp"
+    archs = ("svd", "cola", "lax")
+    rules = {"embed": TENSOR, "q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR,
+             "vocab": TENSOR}
+
+    def __init__(self, rmsnorm: str = "online", payload_dtype=None):
+        self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
+
+    def divisible(self, model: Model):
+        return [("Model.d_model", model.d_model), ("Model.n_heads", model.n_heads),
+                ("Model.n_kv_heads", model.n_kv_heads), ("Model.d_ff", model.d_ff),
+                *super().divisible(model)]
+
+    def embed(self, tokens, table):
+        """This rank's ``[b, s, d/p]`` block of the embedding (one reduce-scatter)."""
+        return vocab_embed(tokens, table, scatter=True)
+
+    def norm_down(self, h, scale, eps, gemm):
+        if self.rmsnorm == "online":
+            return online_norm_down(h, scale, eps, gemm, self.payload_dtype)
+        return sync_norm_down(h, scale, eps, gemm)
+
+    def down(self, x, gemm):
+        """A factor: row-split on its full input dim; the r-wide latent is all-reduced."""
+        return g_op(gemm(x))
+
+    def up(self, z, gemm):
+        """B factor: replicated latent in, output split on its full dim (no collective)."""
+        return gemm(f_op(z))
+
+    def final_hidden(self, h):
+        """All-gather the residual shards ``[b, s, d/p] -> [b, s, d]`` for the final norm."""
+        return lax.all_gather(h, TENSOR, axis=h.ndim - 1, tiled=True)
+
+    def logits(self, x, head):
+        # the gathered hidden is already 'varying' over tensor: no f needed before the head
+        return super(VocabParallelPlan, self).logits(x, head)

@@ -1,0 +1,29 @@
+"""``fullrank``: Megatron tensor parallelism for ``Model.arch='dense'`` (SPEC §2.1).
+
+The residual stream is replicated. q/k/v and gate/up are column-split (heads and d_ff local),
+o and down row-split; one all-reduce after attention and one after the MLP (*g*), and their
+transposes at the two column-parallel inputs (*f*): ``4 d`` elements per token per layer.
+"""
+
+from __future__ import annotations
+
+from boost_jax.config import Model
+from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
+
+
+class FullRankPlan(VocabParallelPlan):
+    name = "fullrank"
+    archs = ("dense",)
+    rules = {"q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR, "vocab": TENSOR}
+
+    def divisible(self, model: Model):
+        return [("Model.n_heads", model.n_heads), ("Model.n_kv_heads", model.n_kv_heads),
+                ("Model.d_ff", model.d_ff), *super().divisible(model)]
+
+    def up(self, z, gemm):
+        """Column-parallel: replicated input, output split on heads / d_ff."""
+        return gemm(f_op(z))
+
+    def down(self, x, gemm):
+        """Row-parallel: split input, partial products summed."""
+        return g_op(gemm(x))
