@@ -25,6 +25,10 @@ from boost_jax.parallel.plans.base import DATA
 BATCH_SPEC = P(DATA, None)
 
 
+def _data_varying(params: dict) -> dict:
+    return jax.tree.map(lambda p: jax.lax.pcast(p, (DATA,), to="varying"), params)
+
+
 class ShardedModel:
     """The decoder for ``model`` laid out on ``mesh`` by the plan of ``parallel``.
 
@@ -61,7 +65,7 @@ class ShardedModel:
         n_tokens = math.prod(inputs.shape)
 
         def local(params, inputs, targets):
-            model = bind(self.cfg, params, self.dtype)
+            model = bind(self.cfg, _data_varying(params), self.dtype)
             per_token = model.token_loss(inputs, targets, self.plan, self.parallel.grouping)
             return jax.lax.psum(jnp.sum(per_token), DATA) / n_tokens
 
