@@ -30,7 +30,7 @@ from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter, progress_line
 from boost_jax.train.optim import make_optimizer
-from boost_jax.train.step import abstract_state, init_state, make_eval_step, make_train_step
+from boost_jax.train.step import abstract_state, compile_train_step, init_state, make_eval_step
 
 
 @dataclasses.dataclass
@@ -176,9 +176,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     writer = MetricsWriter(workdir, start, enabled=pi == 0)
 
     t0 = time.perf_counter()
-    example = _global_batch({k: np.zeros((t_cfg.batch_size // pc, t_cfg.seq_len), np.int32)
-                             for k in ("inputs", "targets")}, model, t_cfg.batch_size)
-    step_fn = make_train_step(model, tx, schedule).lower(state, example).compile()
+    step_fn = compile_train_step(model, tx, schedule, t_cfg.batch_size, t_cfg.seq_len)
     eval_fn = make_eval_step(model)
     tokens = t_cfg.batch_size * t_cfg.seq_len
     device_kind = mesh.devices.flat[0].device_kind

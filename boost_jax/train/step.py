@@ -69,6 +69,19 @@ def make_train_step(model: ShardedModel, tx: optax.GradientTransformation,
                    out_shardings=(shardings, replicated), donate_argnums=0)
 
 
+def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int) -> dict:
+    """ShapeDtypeStructs of a global batch (``inputs``/``targets`` int32 on ``data``)."""
+    return {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32,
+                                    sharding=model.batch_sharding) for k in ("inputs", "targets")}
+
+
+def compile_train_step(model: ShardedModel, tx: optax.GradientTransformation,
+                       schedule: optax.Schedule, batch_size: int, seq_len: int):
+    """The train step compiled ahead of time for abstract inputs (no data, no parameters)."""
+    return make_train_step(model, tx, schedule).lower(
+        abstract_state(model, tx), abstract_batch(model, batch_size, seq_len)).compile()
+
+
 def make_eval_step(model: ShardedModel):
     """``eval_step(params, batch) -> mean loss`` of one global batch."""
     replicated = NamedSharding(model.mesh, P())

@@ -1,0 +1,64 @@
+"""What every ``python -m boost_jax.*`` command shares: gin flags, quiet library logs, the
+compilation cache, simulated CPU devices, and one-line errors.
+
+A command defines its own flags, calls :func:`define_gin_flags`, and wraps its body with
+:func:`run_command`, which parses gin, builds the validated :class:`~boost_jax.config.Config`,
+asks for as many CPU devices as the mesh needs (before JAX starts its backends) and turns a
+:class:`~boost_jax.config.ConfigError` into ``<prog>: error: <one line>`` and exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging as pylogging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from absl import flags, logging
+
+from boost_jax.config import Config, ConfigError, load_config, parse_gin
+
+FLAGS = flags.FLAGS
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def define_gin_flags() -> None:
+    flags.DEFINE_multi_string("gin_file", [], "gin config file(s), applied in order; looked up "
+                              "as given, then in the repository's configs/")
+    flags.DEFINE_multi_string("gin_param", [], "gin binding(s), e.g. --gin_param=Model.rank=64")
+
+
+class _QuietLibraries(pylogging.Filter):
+    """INFO lines from boost_jax only; other libraries (orbax, jax) from WARNING up."""
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return record.levelno >= pylogging.WARNING or "boost_jax" in record.pathname
+
+
+def _setup(config: Config) -> None:
+    from boost_jax.parallel.mesh import request_host_devices
+
+    request_host_devices(config.parallel.num_devices)  # before JAX starts its backends
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
+    if jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
+        logging.info("no accelerator: simulating %d CPU devices for the (data, pipe, tensor) "
+                     "mesh %s", config.parallel.num_devices, config.parallel.shape)
+
+
+def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
+    """Parse gin, validate, set up devices and run ``body(config)``; returns the exit code."""
+    logging.set_verbosity(logging.INFO)
+    logging.get_absl_handler().addFilter(_QuietLibraries())
+    try:
+        parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(CONFIGS_DIR)])
+        config = load_config()
+        _setup(config)
+        return body(config) or 0
+    except ConfigError as err:
+        # gin appends the configurable's name on a second line; the first line says it all
+        print(f"{prog}: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2

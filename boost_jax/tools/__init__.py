@@ -1,0 +1,1 @@
+"""Command-line tools: the communication report (``comm_report``)."""

@@ -1,0 +1,169 @@
+"""``python -m boost_jax.tools.comm_report``: what a configured train step sends, read from the
+compiled HLO, beside the analytic prediction.
+
+    python -m boost_jax.tools.comm_report [--gin_file=F ...] [--gin_param=B ...] [--json]
+        [--dump_hlo=PATH] [--check]
+
+The train step of the configured model, plan and mesh is compiled for abstract inputs (no data
+and no parameters are needed; on a CPU host the mesh's devices are simulated). The report lists
+every collective (op, dtype, per-device shape, bytes, mesh axes of its replica groups, runs per
+step with loop trip counts applied, forward or backward, and where: ``layer``, ``step`` for the
+model's boundary, ``optimizer`` for reductions outside the model's shard_map region), totals per
+mesh axis, tensor-axis traffic per layer per token against SPEC §6.2's formula, and the
+compiler's memory and cost analyses. ``--check`` exits 1 when the measured traffic differs
+from the prediction.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+
+from absl import app, flags
+
+from boost_jax.cli import define_gin_flags, run_command
+from boost_jax.config import Config
+
+FLAGS = flags.FLAGS
+define_gin_flags()
+flags.DEFINE_bool("json", False, "print the report as JSON")
+flags.DEFINE_string("dump_hlo", None, "write the compiled HLO text to this path")
+flags.DEFINE_bool("check", False, "exit 1 if measured communication differs from the formula")
+
+GIB = 2**30
+
+
+def _where(c, scanned: int) -> str:
+    if "shard_map" not in c.op_name:
+        return "optimizer"
+    return "layer" if scanned > 1 and c.trips and c.trips[-1] == scanned else "step"
+
+
+def build_report(config: Config, dump_hlo: str | None = None) -> dict:
+    """Compile the configured train step and collect the report's numbers (a JSON-able dict)."""
+    import jax.numpy as jnp
+
+    from boost_jax.analysis.comm import layers_scanned, measure, predict
+    from boost_jax.analysis.hlo import collectives, totals
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import compile_train_step
+
+    m, par, t = config.model, config.parallel, config.train
+    mesh = make_mesh(par)
+    model = ShardedModel(m, par, mesh, jnp.dtype(t.dtype))
+    tx, schedule = make_optimizer(t)
+    compiled = compile_train_step(model, tx, schedule, t.batch_size, t.seq_len)
+    hlo = compiled.as_text()
+    if dump_hlo:
+        with open(dump_hlo, "w") as f:
+            f.write(hlo)
+    colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
+    measured = measure(colls, m, par, t.batch_size, t.seq_len)
+    predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype)
+    scanned = layers_scanned(m)
+    rows = collections.Counter(
+        (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,
+         "bwd" if c.backward else "fwd", _where(c, scanned)) for c in colls)
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    tokens = t.batch_size // par.data * t.seq_len
+    return {
+        "config": {"arch": m.arch, "size": m.size, "d_model": m.d_model, "n_layers": m.n_layers,
+                   "attn_rank": m.attn_rank, "mlp_rank": m.mlp_rank, "tp_plan": par.tp_plan,
+                   "rmsnorm": par.rmsnorm, "grouping": par.grouping,
+                   "norm_payload": par.norm_payload, "mesh": dict(mesh.shape),
+                   "batch_size": t.batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
+                   "tokens_per_tp_group": tokens},
+        "collectives": [dict(op=op, dtype=dt, shape=list(shape), bytes=b, axes=axes, runs=runs,
+                             direction=way, where=where, instances=n)
+                        for (op, dt, shape, b, axes, runs, way, where), n in rows.items()],
+        "per_axis": {",".join(k): v for k, v in totals(colls).items()},
+        "measured": dataclasses.asdict(measured),
+        "predicted": dataclasses.asdict(predicted),
+        "per_layer_forward_gib": measured.layer_fwd_bytes * tokens / GIB,
+        "memory": {k: getattr(mem, k) for k in ("argument_size_in_bytes", "output_size_in_bytes",
+                                                "alias_size_in_bytes", "temp_size_in_bytes",
+                                                "generated_code_size_in_bytes")
+                   if hasattr(mem, k)},
+        "cost": {k: cost[k] for k in ("flops", "bytes accessed") if k in cost},
+        "check": check(measured, predicted),
+    }
+
+
+def check(measured, predicted) -> list[str]:
+    """The quantities where measurement and formula differ (empty: they agree)."""
+    bad = []
+    m, p = dataclasses.asdict(measured), dataclasses.asdict(predicted)
+    pairs = [(k, m[k], p[k]) for k in ("layer_fwd", "layer_bwd", "layer_fwd_bytes",
+                                       "layer_bwd_bytes", "data")]
+    pairs.append(("boundary", m["boundary_fwd"] + m["boundary_bwd"],
+                  p["boundary_fwd"] + p["boundary_bwd"]))
+    for name, a, b in pairs:
+        if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9):
+            bad.append(f"{name}: measured {a:g}, formula {b:g}")
+    return bad
+
+
+def format_report(rep: dict) -> str:
+    c = rep["config"]
+    lines = [f"comm_report: {c['arch']}/{c['size']} (d={c['d_model']}, {c['n_layers']} layers, "
+             f"r={c['attn_rank']}/{c['mlp_rank']}), tp_plan={c['tp_plan']} rmsnorm={c['rmsnorm']}"
+             f" grouping={c['grouping']}, mesh {c['mesh']}, batch {c['batch_size']} x seq "
+             f"{c['seq_len']}, {c['dtype']}", "",
+             "collectives (per device; runs = per step, loop trip counts applied)",
+             f"  {'op':<19}{'axes':<13}{'dtype':<6}{'shape':<22}{'bytes':>13}{'runs':>6}"
+             f"{'n':>4}  dir  where"]
+    for r in sorted(rep["collectives"], key=lambda r: (r["where"], r["axes"], r["direction"],
+                                                         -r["bytes"])):
+        shape = "[" + ",".join(map(str, r["shape"])) + "]"
+        lines.append(f"  {r['op']:<19}{r['axes']:<13}{r['dtype']:<6}{shape:<22}{r['bytes']:>13,}"
+                     f"{r['runs']:>6}{r['instances']:>4}  {r['direction']}  {r['where']}")
+    lines += ["", "totals per mesh axis per step"]
+    for axes, v in sorted(rep["per_axis"].items()):
+        lines.append(f"  {axes:<14}{v['count']:>6} collectives {v['elements']:>16,} elements "
+                     f"{v['bytes']:>16,} bytes")
+    m, p = rep["measured"], rep["predicted"]
+    lines += ["", "tensor axis                          measured      formula",
+              f"  per layer per token, forward  {m['layer_fwd']:>12,.1f} {p['layer_fwd']:>12,.1f}"
+              " elements",
+              f"  per layer per token, backward {m['layer_bwd']:>12,.1f} {p['layer_bwd']:>12,.1f}"
+              " elements",
+              f"  per layer per token, forward  {m['layer_fwd_bytes']:>12,.1f} "
+              f"{p['layer_fwd_bytes']:>12,.1f} bytes",
+              f"  per layer per token, backward {m['layer_bwd_bytes']:>12,.1f} "
+              f"{p['layer_bwd_bytes']:>12,.1f} bytes",
+              f"  per step outside the layers   {m['boundary_fwd'] + m['boundary_bwd']:>12,.0f} "
+              f"{p['boundary_fwd'] + p['boundary_bwd']:>12,.0f} elements",
+              f"  per-layer forward payload ({c['tokens_per_tp_group']} tokens): "
+              f"{rep['per_layer_forward_gib']:.3f} GiB",
+              "data axis",
+              f"  per step                      {m['data']:>12,.0f} {p['data']:>12,.0f} elements",
+              "", "compiled memory (per device): " + ", ".join(
+                  f"{k.removesuffix('_size_in_bytes')} {v / 2**20:,.1f} MiB"
+                  for k, v in rep["memory"].items()),
+              "cost analysis (per device, loop bodies counted once): " + ", ".join(
+                  f"{k} {v:,.3g}" for k, v in rep["cost"].items()),
+              "", "check: " + ("OK" if not rep["check"] else "MISMATCH -- " +
+                               "; ".join(rep["check"]))]
+    return "\n".join(lines)
+
+
+def _report(config: Config) -> int:
+    rep = build_report(config, FLAGS.dump_hlo)
+    print(json.dumps(rep, indent=1) if FLAGS.json else format_report(rep))
+    return 1 if FLAGS.check and rep["check"] else 0
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    return run_command("comm_report", _report)
+
+
+if __name__ == "__main__":
+    app.run(main)
