@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from boost_jax.config import Model
+from boost_jax.config import Model, Parallel
+
+#: one device, no tensor parallelism: the reference layout
+SINGLE = Parallel(data=1, pipe=1, tensor=1, tp_plan="none")
 
 
 def rel_err(a, b) -> float:
@@ -22,5 +25,5 @@ def tree_rel_err(a, b) -> float:
 
 
 def tiny(arch: str = "cola", **overrides) -> Model:
-    """The ``tiny`` preset (d=64, 2 layers, 4 heads, 2 KV heads, vocab 512) for ``arch``."""
+    """The ``tiny`` preset (d=64, 2 layers, 8 heads, 4 KV heads, vocab 512) for ``arch``."""
     return Model(arch=arch, size="tiny", **overrides)

@@ -38,13 +38,15 @@ def test_presets_and_overrides():
     assert (m.attn_rank, m.only_lr_act, m.tie_embeddings) == (128, False, False)
     m = Model(size="tiny", d_model=128, attn_rank=8)
     assert (m.d_model, m.attn_rank, m.mlp_rank) == (128, 8, 32)  # mlp rank defaults to d/4
-    assert Model(size="tiny", n_heads=8).n_kv_heads == 8  # preset kv heads only with its heads
+    assert Model(size="tiny", n_heads=16).n_kv_heads == 16  # preset kv heads only with its heads
 
 
 def test_bad_parallel_and_train():
-    assert "not yet supported" in _err(lambda: Parallel(tensor=4))
+    assert "needs a tensor-parallel plan" in _err(lambda: Parallel(tensor=4, tp_plan="none"))
     assert "not yet supported" in _err(lambda: Parallel(pipe=2))
     assert "Parallel.tp_plan='megatron'" in _err(lambda: Parallel(tp_plan="megatron"))
+    assert "Parallel.rmsnorm='local'" in _err(lambda: Parallel(rmsnorm="local"))
+    assert "Parallel.norm_payload='int8'" in _err(lambda: Parallel(norm_payload="int8"))
     assert "Train.dtype='fp16'" in _err(lambda: Train(dtype="fp16"))
     assert "Train.warmup_steps=50" in _err(lambda: Train(steps=40, warmup_steps=50))
     assert Train(steps=40, schedule_steps=80, warmup_steps=50).horizon == 80
@@ -54,6 +56,31 @@ def test_bad_parallel_and_train():
 def test_batch_must_divide_data():
     parse_gin(bindings=["Train.batch_size=10", "Parallel.data=4"])
     assert "Train.batch_size=10 is not divisible by Parallel.data=4" in _err(load_config)
+
+
+@pytest.mark.parametrize("model, parallel, needle", [
+    (dict(n_heads=4, n_kv_heads=4, d_model=64), dict(tensor=8, data=1, tp_plan="btp"),
+     "Parallel.tensor=8 does not divide Model.n_heads=4"),
+    (dict(n_kv_heads=2), dict(tensor=4, tp_plan="btp"),
+     "Parallel.tensor=4 does not divide Model.n_kv_heads=2"),
+    (dict(d_ff=178), dict(tensor=4, tp_plan="btp"), "does not divide Model.d_ff=178"),
+    (dict(vocab_size=510), dict(tensor=4, tp_plan="btp"), "does not divide Model.vocab_size=510"),
+    (dict(d_ff=178, arch="dense"), dict(tensor=4, tp_plan="fullrank"),
+     "does not divide Model.d_ff=178"),
+    (dict(rank=10), dict(tensor=4, tp_plan="vanilla"), "does not divide Model.attn_rank=10"),
+    (dict(mlp_rank=18), dict(tensor=4, tp_plan="vanilla"), "does not divide Model.mlp_rank=18"),
+    (dict(arch="cola"), dict(tensor=4, tp_plan="fullrank"),
+     "Parallel.tp_plan='fullrank' runs Model.arch in dense, not 'cola'"),
+    (dict(arch="dense"), dict(tensor=4, tp_plan="btp"), "use 'fullrank' for dense"),
+    (dict(arch="dense"), dict(tensor=4, tp_plan="vanilla"), "use 'fullrank' for dense"),
+    (dict(arch="lax", lax_gate="dense"), dict(tensor=4, tp_plan="vanilla"),
+     "splits latents on the rank"),
+])
+def test_bad_tensor_parallel_layouts(model, parallel, needle):
+    from boost_jax.config import Config
+
+    m = Model(size="tiny", **model)
+    assert needle in _err(lambda: Config(m, Parallel(**parallel), Train(), Data()))
 
 
 def test_unknown_gin_binding():

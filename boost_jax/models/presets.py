@@ -10,7 +10,7 @@ from __future__ import annotations
 
 PRESETS: dict[str, dict] = {
     # test size: every test model derives from this one
-    "tiny": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=176, vocab_size=512,
+    "tiny": dict(d_model=64, n_layers=2, n_heads=8, n_kv_heads=4, d_ff=176, vocab_size=512,
                  tie_embeddings=False),
     # the default run on the bundled corpus (byte-level BPE with 4096 tokens)
     "small": dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=688, vocab_size=4096,

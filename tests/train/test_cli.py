@@ -49,9 +49,9 @@ def test_bad_input_is_one_line_before_compiling(tmp_path, gin, needle):
 
 
 def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
-    """Also: on a CPU host the trainer arranges the 2 devices its mesh needs, and says so."""
-    gin = [*_tiny_gin(tiny_data), "Train.steps=100000", "Train.checkpoint_every=100000",
-           "Parallel.data=2"]
+    """Also: on a CPU host the trainer arranges the 8 devices its (default) mesh needs and says
+    so, and the checkpoint of that btp data=2 x tensor=4 run resumes on one device."""
+    gin = [*_tiny_gin(tiny_data), "Train.steps=100000", "Train.checkpoint_every=100000"]
     proc = subprocess.Popen(_cmd(tmp_path, *gin), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=_env())
     metrics = tmp_path / "metrics.jsonl"
@@ -64,7 +64,7 @@ def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
     rc = proc.wait(timeout=120)
     stderr = proc.stderr.read()
     assert rc == 128 + signal.SIGTERM, stderr[-2000:]
-    assert "simulating 2 CPU devices" in stderr and "stopped by signal 15" in stderr
+    assert "simulating 8 CPU devices" in stderr and "stopped by signal 15" in stderr
     steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(steps) == 1 and steps[0] >= 3
     logged = _losses(tmp_path)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from boost_jax.config import Config, ConfigError, Data, Parallel, Train
-from boost_jax.testing import rel_err, tiny
+from boost_jax.testing import SINGLE, rel_err, tiny
 from boost_jax.train.loop import run
 
 
-def _config(data, steps, parallel=Parallel(), **train):
+def _config(data, steps, parallel=SINGLE, **train):
     train = dict(dict(batch_size=8, seq_len=32, log_every=1000, eval_every=1000,
                       checkpoint_every=1000, eval_batches=1, learning_rate=3e-3), **train)
     return Config(tiny("cola"), parallel, Train(steps=steps, **train), Data(path=str(data)))
@@ -42,7 +42,8 @@ def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path):
 
 def test_data_parallel_matches_single_device(tiny_data, tmp_path):
     ref = run(_config(tiny_data, 10), tmp_path / "dp1", jax.devices()[:1])
-    dp = run(_config(tiny_data, 10, Parallel(data=8)), tmp_path / "dp8", jax.devices())
+    dp = run(_config(tiny_data, 10, Parallel(data=8, tensor=1, tp_plan="none")), tmp_path / "dp8",
+              jax.devices())
     a, b = _losses(tmp_path / "dp1"), _losses(tmp_path / "dp8")
     assert rel_err([b[k] for k in sorted(b)], [a[k] for k in sorted(a)]) < 1e-5
     assert abs(dp.eval_loss - ref.eval_loss) / ref.eval_loss < 1e-5
@@ -102,7 +103,7 @@ def test_bfloat16_compute(tiny_data, tmp_path):
 def test_bad_run_inputs(tiny_data, tmp_path, case, needle):
     cfg = _config(tiny_data, 2)
     if case == "mesh":
-        cfg = _config(tiny_data, 2, Parallel(data=8))
+        cfg = _config(tiny_data, 2, Parallel(data=8, tensor=1, tp_plan="none"))
     elif case == "data":
         cfg = Config(cfg.model, cfg.parallel, cfg.train, Data(path=str(tmp_path / "none")))
     else:

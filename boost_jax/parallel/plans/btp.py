@@ -32,9 +32,9 @@ class BTPPlan(VocabParallelPlan):
         self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
 
     def divisible(self, model: Model):
-        return [("Model.d_model", model.d_model), ("Model.n_heads", model.n_heads),
-                ("Model.n_kv_heads", model.n_kv_heads), ("Model.d_ff", model.d_ff),
-                *super().divisible(model)]
+        # d_model = n_heads * head_dim, so heads dividing implies d does
+        return [("Model.n_heads", model.n_heads), ("Model.n_kv_heads", model.n_kv_heads),
+                ("Model.d_ff", model.d_ff), *super().divisible(model)]
 
     def embed(self, tokens, table):
         """This rank's ``[b, s, d/p]`` block of the embedding (one reduce-scatter)."""
