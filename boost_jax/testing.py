@@ -17,13 +17,38 @@ def rel_err(a, b) -> float:
     return float(np.max(np.abs(a - b)) / scale) if scale > 0 else float(np.max(np.abs(a)))
 
 
-def tree_rel_err(a, b) -> float:
-    """Largest :func:`rel_err` over the leaves of two pytrees of the same structure."""
+def norm_rel_err(a, b) -> float:
+    """``||a - b|| / ||b||`` (Frobenius) in float64: the error measure for bf16 comparisons,
+    where single elements carry rounding noise of the format's own size."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / scale) if scale > 0 else float(np.linalg.norm(a))
+
+
+def tree_rel_err(a, b, metric=rel_err) -> float:
+    """Largest ``metric`` (default :func:`rel_err`) over the leaves of two pytrees."""
     import jax
 
-    return max(jax.tree.leaves(jax.tree.map(rel_err, a, b)))
+    return max(jax.tree.leaves(jax.tree.map(metric, a, b)))
 
 
 def tiny(arch: str = "cola", **overrides) -> Model:
     """The ``tiny`` preset (d=64, 2 layers, 8 heads, 4 KV heads, vocab 512) for ``arch``."""
     return Model(arch=arch, size="tiny", **overrides)
+
+
+def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
+                   dtype: str = "float32"):
+    """Loss and parameter gradients of the global batch under ``parallel`` (on the first
+    ``parallel.num_devices`` devices), as host arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+
+    mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
+    sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype))
+    p = jax.device_put(params, sharded.param_shardings)
+    x, y = (jax.device_put(v, sharded.batch_sharding) for v in (inputs, targets))
+    return jax.device_get(jax.jit(jax.value_and_grad(sharded.loss))(p, x, y))

@@ -40,7 +40,9 @@ from boost_jax.parallel.plans import get_plan
 class Comm:
     """Communication of one train step (elements unless named ``*_bytes``).
 
-    ``layer_fwd`` / ``layer_bwd``: tensor-axis elements per layer per token.
+    ``layer_fwd`` / ``layer_bwd``: tensor-axis elements per layer per token, for the
+    ``looped`` layers run by the layer loop (``looped`` is 0 when the compiler kept no loop,
+    e.g. a single scanned layer; then all layers count as boundary).
     ``boundary_fwd`` / ``boundary_bwd``: tensor-axis elements per step outside the layer loop.
     ``layer_fwd_bytes`` / ``layer_bwd_bytes``: the same per-layer traffic in bytes per token.
     ``data``: data-axis elements per step.
@@ -53,11 +55,12 @@ class Comm:
     layer_fwd_bytes: float
     layer_bwd_bytes: float
     data: float
+    looped: int
 
 
-def step_total(comm: Comm, n_layers: int, tokens: int) -> float:
+def step_total(comm: Comm, tokens: int) -> float:
     """Tensor-axis elements per step."""
-    return (comm.layer_fwd + comm.layer_bwd) * n_layers * tokens + comm.boundary_fwd + \
+    return (comm.layer_fwd + comm.layer_bwd) * comm.looped * tokens + comm.boundary_fwd + \
         comm.boundary_bwd
 
 
@@ -100,8 +103,9 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
         b_fwd, b_bwd = tokens * d + 3 * tokens, tokens * d
         if parallel.tp_plan == "btp":
             b_fwd, b_bwd = 2 * tokens * d + 3 * tokens, 2 * tokens * d + d
-        if model.arch == "lax":  # block 0 runs before the layer scan
-            b_fwd, b_bwd = b_fwd + fwd * tokens, b_bwd + bwd * tokens
+    looped = layers_looped(model)
+    outside = model.n_layers - looped  # LaX's block 0 runs before the scan
+    b_fwd, b_bwd = b_fwd + outside * fwd * tokens, b_bwd + outside * bwd * tokens
     plan = get_plan(parallel)
     local = 0
     for spec_def in abstract_model(model)[1].values():
@@ -109,12 +113,14 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
         split = math.prod(parallel.tensor for a in spec if a is not None)
         local += math.prod(spec_def.shape) // split
     data = (local + 1) if parallel.data > 1 else 0
-    return Comm(fwd, bwd, b_fwd, b_bwd, fwd_bytes, bwd_bytes, data)
+    return Comm(fwd, bwd, b_fwd, b_bwd, fwd_bytes, bwd_bytes, data, looped)
 
 
-def layers_scanned(model: Model) -> int:
-    """Layers inside the ``lax.scan`` (LaX runs block 0 before it)."""
-    return model.n_layers - (1 if model.arch == "lax" else 0)
+def layers_looped(model: Model) -> int:
+    """Layers the compiled step runs in a loop: the ``lax.scan`` over blocks (LaX runs block 0
+    before it); XLA unrolls a scan of one layer, which then leaves no loop."""
+    scanned = model.n_layers - (1 if model.arch == "lax" else 0)
+    return scanned if scanned > 1 else 0
 
 
 def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: int,
@@ -126,9 +132,9 @@ def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: in
     optimizer's gradient-norm reductions are not the plan's traffic).
     """
     tokens = batch // parallel.data * seq_len
-    scanned = layers_scanned(model)
+    scanned = layers_looped(model)
     vals = dict(layer_fwd=0.0, layer_bwd=0.0, boundary_fwd=0.0, boundary_bwd=0.0,
-                layer_fwd_bytes=0.0, layer_bwd_bytes=0.0, data=0.0)
+                layer_fwd_bytes=0.0, layer_bwd_bytes=0.0, data=0.0, looped=scanned)
     for c in colls:
         if "shard_map" not in c.op_name:
             continue
@@ -137,7 +143,7 @@ def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: in
         if c.axes != ("tensor",):
             continue
         way = "bwd" if c.backward else "fwd"
-        if scanned > 1 and c.trips and c.trips[-1] == scanned:
+        if scanned and c.trips and c.trips[-1] == scanned:
             vals[f"layer_{way}"] += c.count * c.elements / (scanned * tokens)
             vals[f"layer_{way}_bytes"] += c.count * c.bytes / (scanned * tokens)
         else:

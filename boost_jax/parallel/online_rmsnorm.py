@@ -11,7 +11,8 @@ Rank ``i`` holds ``x_i [T, d/p]``, ``gamma_i`` and the matching rows ``A_i [d/p,
 ``sum_i (x_i/rho_i * gamma_i) A_i rho_i = sum_i (x_i * gamma_i) A_i`` and ``S = sum_i s_i``, and
 dividing by ``rho = sqrt(S/d + eps)`` recovers ``RMSNorm(x) A`` exactly (eps included). The
 statistic needs no backward collective: the all-reduce's transpose is free and ``s_i`` depends
-on ``x_i`` alone.
+on ``x_i`` alone. ``rho_i`` cancels exactly, so it is a constant for differentiation: the
+gradient is the exact one without the two large, cancelling terms (which cost accuracy in bf16).
 
 **sync**: all-reduce the ``[T, 1]`` statistic first, normalise exactly, then all-reduce the
 product: one more (latency-bound) collective in the forward pass, and one in the backward pass
@@ -44,7 +45,9 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
     """
     d = x.shape[-1] * lax.axis_size(TENSOR)
     s_i = sum_squares(x)  # [b, s, 1] fp32
-    rho_i = jnp.sqrt(s_i / x.shape[-1] + eps)
+    # rho_i cancels exactly ((x_i / rho_i) A_i rho_i = x_i A_i): it only conditions the GEMM,
+    # so it carries no gradient (differentiating both sides would cancel two large terms)
+    rho_i = lax.stop_gradient(jnp.sqrt(s_i / x.shape[-1] + eps))
     x_hat = (x.astype(jnp.float32) / rho_i * scale.astype(jnp.float32)).astype(x.dtype)
     h_i = gemm(x_hat)
     lead, tail = h_i.shape[:2], h_i.shape[2:]

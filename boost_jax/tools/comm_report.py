@@ -38,14 +38,14 @@ GIB = 2**30
 def _where(c, scanned: int) -> str:
     if "shard_map" not in c.op_name:
         return "optimizer"
-    return "layer" if scanned > 1 and c.trips and c.trips[-1] == scanned else "step"
+    return "layer" if scanned and c.trips and c.trips[-1] == scanned else "step"
 
 
 def build_report(config: Config, dump_hlo: str | None = None) -> dict:
     """Compile the configured train step and collect the report's numbers (a JSON-able dict)."""
     import jax.numpy as jnp
 
-    from boost_jax.analysis.comm import layers_scanned, measure, predict
+    from boost_jax.analysis.comm import layers_looped, measure, predict
     from boost_jax.analysis.hlo import collectives, totals
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
@@ -64,7 +64,7 @@ def build_report(config: Config, dump_hlo: str | None = None) -> dict:
     colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
     measured = measure(colls, m, par, t.batch_size, t.seq_len)
     predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype)
-    scanned = layers_scanned(m)
+    scanned = layers_looped(m)
     rows = collections.Counter(
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,
          "bwd" if c.backward else "fwd", _where(c, scanned)) for c in colls)
@@ -99,8 +99,8 @@ def check(measured, predicted) -> list[str]:
     """The quantities where measurement and formula differ (empty: they agree)."""
     bad = []
     m, p = dataclasses.asdict(measured), dataclasses.asdict(predicted)
-    pairs = [(k, m[k], p[k]) for k in ("layer_fwd", "layer_bwd", "layer_fwd_bytes",
-                                       "layer_bwd_bytes", "data")]
+    layer = ("layer_fwd", "layer_bwd", "layer_fwd_bytes", "layer_bwd_bytes") if m["looped"] else ()
+    pairs = [(k, m[k], p[k]) for k in ("looped", *layer, "data")]
     pairs.append(("boundary", m["boundary_fwd"] + m["boundary_bwd"],
                   p["boundary_fwd"] + p["boundary_bwd"]))
     for name, a, b in pairs:

@@ -1,0 +1,101 @@
+"""What each plan sends, read from the compiled train step: exact collectives per layer, and the
+communication report's check against SPEC §6.2's formulas."""
+
+import functools
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from boost_jax.config import Config, Data, Parallel, Train
+from boost_jax.testing import tiny
+from boost_jax.tools.comm_report import build_report, check
+
+BATCH, SEQ = 8, 16
+TOKENS = BATCH // 2 * SEQ  # per data shard (data=2)
+
+
+@functools.cache
+def _report(arch, plan, **options):
+    model = tiny(arch)
+    parallel = Parallel(data=2, tensor=4, tp_plan=plan, **options)
+    return build_report(Config(model, parallel, Train(batch_size=BATCH, seq_len=SEQ), Data()))
+
+
+def _layer_widths(rep, direction):
+    """Per-token widths of the tensor-axis collectives of one layer, sorted."""
+    widths = []
+    for r in rep["collectives"]:
+        if r["where"] == "layer" and r["direction"] == direction and r["axes"] == "tensor":
+            assert r["op"] == "all-reduce", r  # no other collective inside the layers
+            widths += [math.prod(r["shape"]) // TOKENS] * r["instances"]
+    return sorted(widths)
+
+
+def test_btp_online_four_fused_all_reduces_each_way():
+    r = tiny("cola").attn_rank
+    rep = _report("cola", "btp", rmsnorm="online")
+    assert _layer_widths(rep, "fwd") == [r, r, 2 * r + 1, 3 * r + 1]
+    assert _layer_widths(rep, "bwd") == [r, r, 2 * r, 3 * r]
+    assert rep["check"] == []
+
+
+def test_btp_sync_adds_the_statistic_collectives():
+    r = tiny("cola").attn_rank
+    rep = _report("cola", "btp", rmsnorm="sync")
+    assert _layer_widths(rep, "fwd") == [1, 1, r, r, 2 * r, 3 * r]
+    assert _layer_widths(rep, "bwd") == [1, 1, r, r, 2 * r, 3 * r]
+    assert rep["check"] == []
+
+
+def test_vanilla_all_reduces_full_width_outputs():
+    m = tiny("cola")
+    rep = _report("cola", "vanilla")
+    assert _layer_widths(rep, "fwd") == sorted([m.d_model, 2 * m.d_kv, m.d_model, 2 * m.d_ff,
+                                                m.d_model])
+    assert _layer_widths(rep, "bwd") == sorted([m.d_model] * 3 + [m.d_ff])
+    assert rep["check"] == []
+
+
+def test_fullrank_megatron():
+    d = tiny("dense").d_model
+    rep = _report("dense", "fullrank")
+    assert _layer_widths(rep, "fwd") == [d, d]
+    assert _layer_widths(rep, "bwd") == [d, d]
+    assert rep["check"] == []
+
+
+@pytest.mark.parametrize("arch, plan, options", [
+    ("svd", "btp", dict(grouping=False)), ("lax", "btp", {}), ("dense", "fullrank",
+                                                               dict(grouping=False)),
+    ("svd", "vanilla", dict(grouping=False))])
+def test_report_check_other_variants(arch, plan, options):
+    assert _report(arch, plan, **options)["check"] == []
+
+
+def test_data_axis_is_one_fp32_gradient_reduction_per_step():
+    rep = _report("cola", "btp", rmsnorm="online")
+    data = [r for r in rep["collectives"] if r["axes"] == "data"]
+    assert {(r["runs"], r["where"], r["dtype"]) for r in data} == {(1, "step", "f32")}
+    assert rep["measured"]["data"] == rep["predicted"]["data"]
+
+
+def test_check_reports_a_difference():
+    from boost_jax.analysis.comm import Comm
+
+    ok = Comm(1, 2, 3, 4, 5, 6, 7, 2)
+    assert check(ok, ok) == []
+    assert check(Comm(1.5, 2, 3, 4, 5, 6, 7, 2), ok) == ["layer_fwd: measured 1.5, formula 1"]
+
+
+def test_cli_check_json_and_dump(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "boost_jax.tools.comm_report", "--gin_param=Model.size='tiny'",
+         "--gin_param=Train.batch_size=8", "--gin_param=Train.seq_len=16", "--check", "--json",
+         f"--dump_hlo={tmp_path / 'step.hlo'}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(out.stdout)
+    assert rep["config"]["tp_plan"] == "btp" and rep["check"] == []
+    assert "all-reduce" in (tmp_path / "step.hlo").read_text()
