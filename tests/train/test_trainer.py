@@ -49,6 +49,18 @@ def test_data_parallel_matches_single_device(tiny_data, tmp_path):
     assert abs(dp.eval_loss - ref.eval_loss) / ref.eval_loss < 1e-5
 
 
+def test_tp_size_invariance_dp4_vs_tp4(tiny_data, tmp_path):
+    """BOOST's README loss curves as a test: DP4-TP1 and DP1-TP4 (CoLA, btp, online RMSNorm)
+    log the same losses for 20 steps."""
+    four = jax.devices()[:4]
+    run(_config(tiny_data, 20, Parallel(data=4, tensor=1, tp_plan="btp")), tmp_path / "dp4", four)
+    run(_config(tiny_data, 20, Parallel(data=1, tensor=4, tp_plan="btp")), tmp_path / "tp4", four)
+    a, b = _losses(tmp_path / "dp4"), _losses(tmp_path / "tp4")
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert rel_err([b[k] for k in range(1, 21)], [a[k] for k in range(1, 21)]) < 1e-5
+    assert a[20] < a[1]
+
+
 def test_corrupt_checkpoint_falls_back_to_an_older_one(tiny_data, tmp_path):
     one = jax.devices()[:1]
     cfg = _config(tiny_data, 8, schedule_steps=12, checkpoint_every=4)
