@@ -24,6 +24,9 @@ CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def define_gin_flags() -> None:
+    """``--gin_file`` and ``--gin_param`` (once per process)."""
+    if "gin_file" in FLAGS:
+        return
     flags.DEFINE_multi_string("gin_file", [], "gin config file(s), applied in order; looked up "
                               "as given, then in the repository's configs/")
     flags.DEFINE_multi_string("gin_param", [], "gin binding(s), e.g. --gin_param=Model.rank=64")

@@ -27,10 +27,13 @@ from boost_jax.cli import define_gin_flags, run_command
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
-define_gin_flags()
-flags.DEFINE_bool("json", False, "print the report as JSON")
-flags.DEFINE_string("dump_hlo", None, "write the compiled HLO text to this path")
-flags.DEFINE_bool("check", False, "exit 1 if measured communication differs from the formula")
+
+
+def define_flags() -> None:
+    define_gin_flags()
+    flags.DEFINE_bool("json", False, "print the report as JSON")
+    flags.DEFINE_string("dump_hlo", None, "write the compiled HLO text to this path")
+    flags.DEFINE_bool("check", False, "exit 1 if measured communication differs from the formula")
 
 GIB = 2**30
 
@@ -41,22 +44,32 @@ def _where(c, scanned: int) -> str:
     return "layer" if scanned and c.trips and c.trips[-1] == scanned else "step"
 
 
-def build_report(config: Config, dump_hlo: str | None = None) -> dict:
-    """Compile the configured train step and collect the report's numbers (a JSON-able dict)."""
+def compile_step(config: Config):
+    """``(sharded model, optimizer, compiled train step)`` for ``config`` (abstract inputs)."""
     import jax.numpy as jnp
 
-    from boost_jax.analysis.comm import layers_looped, measure, predict
-    from boost_jax.analysis.hlo import collectives, totals
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
     from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import compile_train_step
 
-    m, par, t = config.model, config.parallel, config.train
-    mesh = make_mesh(par)
-    model = ShardedModel(m, par, mesh, jnp.dtype(t.dtype))
+    t = config.train
+    model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel),
+                         jnp.dtype(t.dtype))
     tx, schedule = make_optimizer(t)
-    compiled = compile_train_step(model, tx, schedule, t.batch_size, t.seq_len)
+    return model, tx, compile_train_step(model, tx, schedule, t.batch_size, t.seq_len)
+
+
+def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None) -> dict:
+    """Collect the report's numbers (a JSON-able dict) for the configured train step, compiling
+    it unless ``compiled`` (with its ``mesh``) is given."""
+    from boost_jax.analysis.comm import layers_looped, measure, predict
+    from boost_jax.analysis.hlo import collectives, totals
+
+    m, par, t = config.model, config.parallel, config.train
+    if compiled is None:
+        model, _, compiled = compile_step(config)
+        mesh = model.mesh
     hlo = compiled.as_text()
     if dump_hlo:
         with open(dump_hlo, "w") as f:
@@ -166,4 +179,5 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -1,0 +1,5 @@
+"""Benchmarks: ``python -m boost_jax.bench <name>`` prints a table (speed and memory are
+measured here, never asserted in tests).
+
+* ``tp`` -- the three tensor-parallel plans side by side (bench/tp.py).
+"""

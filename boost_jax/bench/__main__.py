@@ -1,0 +1,27 @@
+"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp."""
+
+from absl import app, flags
+
+from boost_jax.bench import tp
+from boost_jax.cli import define_gin_flags
+
+BENCHMARKS = {"tp": tp.main}
+
+
+def define_flags() -> None:
+    define_gin_flags()
+    flags.DEFINE_list("plans", ["fullrank", "vanilla", "btp"], "tensor-parallel plans to compare")
+    flags.DEFINE_integer("steps", 3, "timed steps per configuration (after one warm-up step)")
+    flags.DEFINE_bool("json", False, "print JSON instead of a table")
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] not in BENCHMARKS:
+        raise app.UsageError(f"usage: python -m boost_jax.bench {{{'|'.join(BENCHMARKS)}}} "
+                             "[flags]")
+    return BENCHMARKS[argv[1]](argv[1:])
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

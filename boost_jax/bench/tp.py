@@ -1,0 +1,108 @@
+"""``python -m boost_jax.bench tp``: full-rank Megatron TP, vanilla low-rank TP and BTP side by
+side on a 7B-shaped model (d=4096, d_ff=11008, r=1024, 32 heads, vocab 32000) with a few
+layers, on whatever devices exist (simulated CPU devices on a host without an accelerator).
+
+For each plan it compiles the real train step (AdamW included), reads its collectives from the
+compiled HLO, and times it on random tokens: TP bytes per layer per step (forward + backward),
+tensor-axis collectives per step, analytic model FLOPs, compiled temporary memory, median step
+time and tokens/s. Gin flags apply to every plan (e.g. ``--gin_param=Model.n_layers=4``);
+``--plans`` picks a subset. Defaults: 2 layers, batch 4 x seq 128, fp32, mesh data=2 x
+tensor=4 (8 devices); the dense model with AdamW then needs about 20 GB of host memory --
+``--gin_param=Parallel.data=1`` halves that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import statistics
+import time
+
+from absl import flags
+
+from boost_jax.cli import run_command
+from boost_jax.config import Config
+
+FLAGS = flags.FLAGS
+
+DEFAULTS = ["Model.size='7b'", "Model.n_layers=2", "Parallel.data=2", "Parallel.tensor=4",
+            "Train.batch_size=4", "Train.seq_len=128", "Train.dtype='float32'"]
+
+
+def _for_plan(config: Config, plan: str) -> Config:
+    arch = "dense" if plan == "fullrank" else ("cola" if config.model.arch == "dense"
+                                               else config.model.arch)
+    return Config(dataclasses.replace(config.model, arch=arch),
+                  dataclasses.replace(config.parallel, tp_plan=plan), config.train, config.data)
+
+
+def bench_plan(config: Config, steps: int) -> dict:
+    """Compile, measure communication, and time ``steps`` train steps of ``config``."""
+    import jax
+    import numpy as np
+
+    from boost_jax.analysis.flops import train_flops_per_token
+    from boost_jax.tools.comm_report import build_report, compile_step
+    from boost_jax.train.step import init_state
+
+    t = config.train
+    model, tx, compiled = compile_step(config)
+    rep = build_report(config, compiled=compiled, mesh=model.mesh)
+    state = init_state(model, tx, t.seed)
+    rng = np.random.default_rng(0)
+    times = []
+    for i in range(steps + 1):
+        batch = {k: jax.device_put(rng.integers(0, config.model.vocab_size,
+                                                (t.batch_size, t.seq_len), dtype=np.int32),
+                                   model.batch_sharding) for k in ("inputs", "targets")}
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready((state, metrics))
+        if i:  # the first step warms up
+            times.append(time.perf_counter() - start)
+    tokens = t.batch_size * t.seq_len
+    tensor = rep["per_axis"].get("tensor", {"count": 0})
+    m = rep["measured"]
+    step = statistics.median(times)
+    return {"plan": config.parallel.tp_plan, "arch": config.model.arch,
+            "tp_bytes_per_layer": (m["layer_fwd_bytes"] + m["layer_bwd_bytes"])
+            * rep["config"]["tokens_per_tp_group"],
+            "tp_collectives_per_step": tensor["count"],
+            "model_tflop_per_step": train_flops_per_token(config.model, t.seq_len) * tokens / 1e12,
+            "temp_mib": rep["memory"].get("temp_size_in_bytes", 0) / 2**20,
+            "median_step_s": step, "tokens_per_s": tokens / step, "check": rep["check"]}
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'plan':<10}{'arch':<7}{'TP MiB/layer':>13}{'TP colls':>10}{'TFLOP/step':>12}"
+            f"{'temp MiB':>11}{'step s':>9}{'tok/s':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['plan']:<10}{r['arch']:<7}{r['tp_bytes_per_layer'] / 2**20:>13.1f}"
+                     f"{r['tp_collectives_per_step']:>10}{r['model_tflop_per_step']:>12.3f}"
+                     f"{r['temp_mib']:>11.0f}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>9.0f}")
+    by = {r["plan"]: r for r in rows}
+    if "btp" in by:
+        for other in ("vanilla", "fullrank"):
+            if other in by:
+                lines.append(f"{other}/btp: TP bytes x{by[other]['tp_bytes_per_layer'] / by['btp']['tp_bytes_per_layer']:.2f}"  # noqa: E501
+                             f", step time x{by[other]['median_step_s'] / by['btp']['median_step_s']:.2f}")  # noqa: E501
+    return "\n".join(lines)
+
+
+def _run(config: Config) -> int:
+    rows = []
+    for plan in FLAGS.plans:
+        rows.append(bench_plan(_for_plan(config, plan), FLAGS.steps))
+        gc.collect()  # one plan's parameters and optimizer state at a time
+
+    print(json.dumps(rows, indent=1) if FLAGS.json else format_table(rows))
+    return 0
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
+    FLAGS.gin_param = DEFAULTS + list(FLAGS.gin_param)
+    return run_command("bench tp", _run)
