@@ -124,6 +124,9 @@ class VocabParallelPlan(Plan):
     (``[V/p, d]``) and the LM head on its output (``[d, V/p]``), and the cross-entropy works
     on vocab-sharded logits, so full-vocab logits never exist on one device."""
 
+    #: the final hidden state is replicated over ``tensor``, so the head's input needs *f*
+    replicated_hidden = True
+
     def divisible(self, model: Model) -> list[tuple[str, int]]:
         return [("Model.vocab_size", model.vocab_size)]
 
@@ -133,7 +136,7 @@ class VocabParallelPlan(Plan):
 
     def logits(self, x: jax.Array, head: jax.Array) -> jax.Array:
         """Local vocab shard ``[b, s, V/p]`` of the logits (column-parallel head)."""
-        return super().logits(f_op(x), head)
+        return super().logits(f_op(x) if self.replicated_hidden else x, head)
 
     def token_loss(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
         return vocab_cross_entropy(logits, targets)

@@ -27,6 +27,7 @@ class BTPPlan(VocabParallelPlan):
     archs = ("svd", "cola", "lax")
     rules = {"embed": TENSOR, "q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR,
              "vocab": TENSOR}
+    replicated_hidden = False  # the all-gathered hidden state is already 'varying'
 
     def __init__(self, rmsnorm: str = "online", payload_dtype=None):
         self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
@@ -56,7 +57,3 @@ class BTPPlan(VocabParallelPlan):
     def final_hidden(self, h):
         """All-gather the residual shards ``[b, s, d/p] -> [b, s, d]`` for the final norm."""
         return lax.all_gather(h, TENSOR, axis=h.ndim - 1, tiled=True)
-
-    def logits(self, x, head):
-        # the gathered hidden is already 'varying' over tensor: no f needed before the head
-        return super(VocabParallelPlan, self).logits(x, head)
