@@ -20,6 +20,7 @@ ARCHS = ("dense", "svd", "cola", "lax")
 LAX_GATES = ("identity", "dense", "kronecker")
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
 RMSNORMS = ("online", "sync")
+REMATS = ("none", "full", "lowrank", "lowrank_attn")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -133,6 +134,7 @@ class Parallel:
     rmsnorm: str = "online"
     norm_payload: str = "compute"
     grouping: bool = True  # one GEMM (and collective) for the q/k/v or gate/up A factors
+    remat: str = "none"  # activation checkpointing: none | full | lowrank | lowrank_attn
 
     def __post_init__(self):
         for name in ("data", "pipe", "tensor"):
@@ -143,6 +145,8 @@ class Parallel:
                f"Parallel.tp_plan={self.tp_plan!r} is not one of {', '.join(TP_PLANS)}")
         _check(self.rmsnorm in RMSNORMS,
                f"Parallel.rmsnorm={self.rmsnorm!r} is not one of {', '.join(RMSNORMS)}")
+        _check(self.remat in REMATS,
+               f"Parallel.remat={self.remat!r} is not one of {', '.join(REMATS)}")
         _check(self.norm_payload in ("compute", "float32"),
                f"Parallel.norm_payload={self.norm_payload!r} is not 'compute' or 'float32'")
         _check(self.tensor == 1 or self.tp_plan != "none",

@@ -16,9 +16,14 @@ plan                        forward                                  backward
 ==========================  =======================================  ========================
 
 Without grouping every member of q/k/v and gate/up has its own collective (the online
-statistic then rides in each A factor's all-reduce). Per step, outside the layers: the
-vocab-parallel embedding (an all-reduce of ``[T, d]``, or for ``btp`` a reduce-scatter into the
-residual shard whose backward is an all-gather), the head's input (``fullrank``/``vanilla``: the
+statistic then rides in each A factor's all-reduce). With ``Parallel.remat='full'`` the
+backward pass recomputes each block and replays its forward collectives (all of them under
+``btp``; under ``vanilla``/``fullrank`` all but the last, whose full-width output only the next
+block reads); ``lowrank`` keeps every collective's output and replays none.
+
+Per step, outside the layers: the vocab-parallel embedding (an all-reduce of ``[T, d]``, or
+for ``btp`` a reduce-scatter into the residual shard whose backward is an all-gather), the
+head's input (``fullrank``/``vanilla``: the
 backward all-reduce of ``[T, d]``; ``btp``: the all-gather of the residual shards and its
 backward reduce-scatter, plus the final norm gain's gradient, ``d``), and the sharded
 cross-entropy's three ``[T]`` reductions. Data axis: one all-reduce per step of every local
@@ -97,6 +102,11 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
         fwd_bytes = act * (fwd - stats) + stat_bytes * stats
     bwd_stats = stats if (parallel.tp_plan == "btp" and parallel.rmsnorm == "sync") else 0
     bwd_bytes = act * (bwd - bwd_stats) + 4 * bwd_stats
+    if parallel.remat == "full" and parallel.tensor > 1:
+        # the recomputed forward replays its collectives, except the last one (down's output,
+        # which only the next block reads) when it is full-width (vanilla, fullrank)
+        unused = 0 if parallel.tp_plan == "btp" else model.d_model
+        bwd, bwd_bytes = bwd + fwd - unused, bwd_bytes + fwd_bytes - act * unused
     d = model.d_model
     b_fwd = b_bwd = 0.0
     if parallel.tensor > 1:

@@ -41,6 +41,31 @@ def forward_flops_per_token(cfg: Model, seq_len: int) -> dict[str, float]:
     return out
 
 
+def recompute_flops_per_token(cfg: Model, seq_len: int, tp_plan: str, remat: str) -> float:
+    """Forward FLOPs per token that activation checkpointing adds to a step (all layers).
+
+    ``full`` recomputes every block. ``lowrank`` keeps every chunk-boundary value, so it
+    recomputes only what lies between them: the column-side GEMMs of q/k/v and gate/up (B
+    factors, or dense weights) and the attention core (plus LaX gates) -- under ``vanilla``,
+    whose full-width q/k/v/gate/up outputs are kept, only the attention core.
+    ``lowrank_attn`` also keeps the attention output.
+    """
+    if remat == "none":
+        return 0.0
+    f = forward_flops_per_token(cfg, seq_len)
+    if remat == "full":
+        return f["projections"] + f["lax_gates"] + f["attention"]
+    d, dkv, dff, ra, rm = cfg.d_model, cfg.d_kv, cfg.d_ff, cfg.attn_rank, cfg.mlp_rank
+    if cfg.arch == "dense":
+        columns = 2 * d * (d + 2 * dkv) + 2 * 2 * d * dff
+    else:
+        columns = 2 * ra * (d + 2 * dkv) + 2 * 2 * rm * dff
+    attention = f["attention"] if remat == "lowrank" else 0.0
+    if tp_plan == "vanilla":
+        return attention
+    return cfg.n_layers * columns + f["lax_gates"] + attention
+
+
 def train_flops_per_token(cfg: Model, seq_len: int) -> float:
     """Model FLOPs of one training step per token (3 x forward)."""
     return 3 * forward_flops_per_token(cfg, seq_len)["total"]

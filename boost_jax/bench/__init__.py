@@ -2,4 +2,5 @@
 measured here, never asserted in tests).
 
 * ``tp`` -- the three tensor-parallel plans side by side (bench/tp.py).
+* ``remat`` -- the activation-checkpointing policies side by side (bench/remat.py).
 """

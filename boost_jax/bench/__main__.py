@@ -1,16 +1,18 @@
-"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp."""
+"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat."""
 
 from absl import app, flags
 
-from boost_jax.bench import tp
+from boost_jax.bench import remat, tp
 from boost_jax.cli import define_gin_flags
 
-BENCHMARKS = {"tp": tp.main}
+BENCHMARKS = {"tp": tp.main, "remat": remat.main}
 
 
 def define_flags() -> None:
     define_gin_flags()
     flags.DEFINE_list("plans", ["fullrank", "vanilla", "btp"], "tensor-parallel plans to compare")
+    flags.DEFINE_list("policies", ["none", "full", "lowrank", "lowrank_attn"],
+                      "remat policies to compare")
     flags.DEFINE_integer("steps", 3, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import statistics
-import time
 
 from absl import flags
 
+from boost_jax.bench.measure import measure
 from boost_jax.cli import run_command
 from boost_jax.config import Config
 
@@ -38,40 +37,20 @@ def _for_plan(config: Config, plan: str) -> Config:
 
 
 def bench_plan(config: Config, steps: int) -> dict:
-    """Compile, measure communication, and time ``steps`` train steps of ``config``."""
-    import jax
-    import numpy as np
-
+    """One row of the table: compile, measure communication, time ``steps`` train steps."""
     from boost_jax.analysis.flops import train_flops_per_token
-    from boost_jax.tools.comm_report import build_report, compile_step
-    from boost_jax.train.step import init_state
 
-    t = config.train
-    model, tx, compiled = compile_step(config)
-    rep = build_report(config, compiled=compiled, mesh=model.mesh)
-    state = init_state(model, tx, t.seed)
-    rng = np.random.default_rng(0)
-    times = []
-    for i in range(steps + 1):
-        batch = {k: jax.device_put(rng.integers(0, config.model.vocab_size,
-                                                (t.batch_size, t.seq_len), dtype=np.int32),
-                                   model.batch_sharding) for k in ("inputs", "targets")}
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready((state, metrics))
-        if i:  # the first step warms up
-            times.append(time.perf_counter() - start)
-    tokens = t.batch_size * t.seq_len
-    tensor = rep["per_axis"].get("tensor", {"count": 0})
-    m = rep["measured"]
-    step = statistics.median(times)
+    rep = measure(config, steps)
+    t, m = config.train, rep["measured"]
     return {"plan": config.parallel.tp_plan, "arch": config.model.arch,
             "tp_bytes_per_layer": (m["layer_fwd_bytes"] + m["layer_bwd_bytes"])
             * rep["config"]["tokens_per_tp_group"],
-            "tp_collectives_per_step": tensor["count"],
-            "model_tflop_per_step": train_flops_per_token(config.model, t.seq_len) * tokens / 1e12,
+            "tp_collectives_per_step": rep["per_axis"].get("tensor", {"count": 0})["count"],
+            "model_tflop_per_step": train_flops_per_token(config.model, t.seq_len)
+            * t.batch_size * t.seq_len / 1e12,
             "temp_mib": rep["memory"].get("temp_size_in_bytes", 0) / 2**20,
-            "median_step_s": step, "tokens_per_s": tokens / step, "check": rep["check"]}
+            "median_step_s": rep["median_step_s"], "tokens_per_s": rep["tokens_per_s"],
+            "check": rep["check"]}
 
 
 def format_table(rows: list[dict]) -> str:

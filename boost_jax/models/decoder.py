@@ -23,6 +23,7 @@ from boost_jax.models.init import Init, ParamDef, param, param_defs
 from boost_jax.models.norms import rms_norm
 from boost_jax.models.projections import Fanout, Single
 from boost_jax.parallel.plans.base import Plan
+from boost_jax.parallel.remat import ATTENTION, RESIDUAL, checkpointed, tag
 
 
 class Block(nnx.Module):
@@ -42,8 +43,7 @@ class Block(nnx.Module):
         self.gate_up = Fanout(cfg.arch, d, (("gu", 2, cfg.d_ff, "mlp"),), cfg.mlp_rank, **kw)
         self.down = Single(cfg.arch, cfg.d_ff, d, "mlp", cfg.mlp_rank, **kw)
 
-    def __call__(self, h: jax.Array, cross: dict | None, plan: Plan, grouped: bool
-                 ) -> tuple[jax.Array, dict]:
+    def __call__(self, h: jax.Array, cross: dict | None, plan: Plan) -> tuple[jax.Array, dict]:
         """Residual ``h [b, s, d_local]`` -> ``(h, latents)``.
 
         ``cross`` holds the previous block's LaX latents (``None`` for block 0 or non-LaX
@@ -51,14 +51,14 @@ class Block(nnx.Module):
         """
         cross = cross or {}
         b, s = h.shape[:2]
-        qkv, c_qkv = self.qkv(h, self.attn_norm[...], self.eps, plan, grouped, cross.get("qkv"))
+        qkv, c_qkv = self.qkv(h, self.attn_norm[...], self.eps, plan, cross.get("qkv"))
         q = qkv["q"][:, :, 0].reshape(b, s, -1, self.head_dim)
         k = qkv["kv"][:, :, 0].reshape(b, s, -1, self.head_dim)
         v = qkv["kv"][:, :, 1].reshape(b, s, -1, self.head_dim)
-        y, c_o = self.o(causal_attention(q, k, v, self.theta), plan, cross.get("o"))
-        h = h + y
-        gu, c_gu = self.gate_up(h, self.mlp_norm[...], self.eps, plan, grouped,
-                                cross.get("gate_up"))
+        attention = tag(causal_attention(q, k, v, self.theta), ATTENTION)
+        y, c_o = self.o(attention, plan, cross.get("o"))
+        h = tag(h + y, RESIDUAL)
+        gu, c_gu = self.gate_up(h, self.mlp_norm[...], self.eps, plan, cross.get("gate_up"))
         g, u = gu["gu"][:, :, 0], gu["gu"][:, :, 1]
         y, c_d = self.down((jax.nn.silu(g) if self.silu_gate else g) * u, plan, cross.get("down"))
         h = h + y
@@ -79,19 +79,23 @@ class Decoder(nnx.Module):
         if not cfg.tie_embeddings:
             self.head = param((d, vocab), Init("normal", cfg.init_std), (None, "vocab"))
 
-    def hidden(self, tokens: jax.Array, plan: Plan, grouped: bool = True) -> jax.Array:
+    def hidden(self, tokens: jax.Array, plan: Plan) -> jax.Array:
         """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""
         h = plan.embed(tokens, self.embed[...])
         graph, stacked = nnx.split(self.blocks)
+
+        def block(layer, h, cross):
+            return nnx.merge(graph, layer)(h, cross, plan)
+
         cross = None
         if self.crosses:  # block 0 has no latent to cross: run it before the scan
             first = jax.tree.map(lambda x: x[0], stacked)
-            h, cross = nnx.merge(graph, first)(h, None, plan, grouped)
+            h, cross = checkpointed(block, plan.remat, in_loop=False)(first, h, None)
             stacked = jax.tree.map(lambda x: x[1:], stacked)
+        block = checkpointed(block, plan.remat)
 
         def body(carry, layer):
-            h, cross = carry
-            return nnx.merge(graph, layer)(h, cross, plan, grouped), None
+            return block(layer, *carry), None
 
         (h, _), _ = jax.lax.scan(body, (h, cross or {}), stacked)
         return rms_norm(plan.final_hidden(h), self.final_norm[...], self.eps)
@@ -100,13 +104,12 @@ class Decoder(nnx.Module):
         """``[d, V]`` (the transposed embedding when tied)."""
         return self.embed[...].T if self.tied else self.head[...]
 
-    def logits(self, tokens: jax.Array, plan: Plan, grouped: bool = True) -> jax.Array:
-        return plan.logits(self.hidden(tokens, plan, grouped), self.head_weight())
+    def logits(self, tokens: jax.Array, plan: Plan) -> jax.Array:
+        return plan.logits(self.hidden(tokens, plan), self.head_weight())
 
-    def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan,
-                   grouped: bool = True) -> jax.Array:
+    def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32)."""
-        return plan.token_loss(self.logits(tokens, plan, grouped), targets)
+        return plan.token_loss(self.logits(tokens, plan), targets)
 
 
 @functools.lru_cache(maxsize=32)

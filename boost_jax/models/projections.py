@@ -142,12 +142,14 @@ class Fanout(nnx.Module, _LowRankLatent):
         if arch == "lax":
             self.crossing = Crossing(rank, self.members, lax_gate, lax_norm)
 
-    def __call__(self, h: jax.Array, scale: jax.Array, eps: float, plan: Plan, grouped: bool,
+    def __call__(self, h: jax.Array, scale: jax.Array, eps: float, plan: Plan,
                  prev: jax.Array | None = None) -> tuple[dict[str, jax.Array], jax.Array | None]:
         """Residual ``h [b, s, d_local]`` -> ``({name: [b, s, m, d_out_local]}, latent)``.
 
         ``latent`` (LaX only) is the post-activation ``[b, s, c, r]`` the next block crosses.
+        ``plan.grouped`` chooses one GEMM (and collective) per group or one per member.
         """
+        grouped = plan.grouped
         if self.arch == "dense":
             x = plan.norm(h, scale, eps)
             weights = {name: getattr(self, f"w_{name}")[...] for name, *_ in self.outs}

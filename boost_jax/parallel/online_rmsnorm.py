@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from boost_jax.models.norms import sum_squares
+from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
 
 TENSOR = "tensor"
 
@@ -54,7 +55,7 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
     dtype = payload_dtype or h_i.dtype
     payload = jnp.concatenate([(h_i.reshape(*lead, -1) * rho_i).astype(dtype),
                                s_i.astype(dtype)], axis=-1)
-    total = lax.psum(payload, TENSOR)
+    total = tag(lax.psum(payload, TENSOR), LATENT)  # [H || S]: kept by the lowrank remat
     h, s = total[..., :-1].astype(jnp.float32), total[..., -1:].astype(jnp.float32)
     return (h / jnp.sqrt(s / d + eps)).astype(h_i.dtype).reshape(*lead, *tail)
 
@@ -62,7 +63,7 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
 def sync_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable) -> jax.Array:
     """The same result as :func:`online_norm_down` with the statistic all-reduced first."""
     d = x.shape[-1] * lax.axis_size(TENSOR)
-    s = lax.psum(sum_squares(x), TENSOR)
+    s = tag(lax.psum(sum_squares(x), TENSOR), NORM_STAT)
     inv = lax.rsqrt(s / d + eps)
     x_hat = (x.astype(jnp.float32) * inv * scale.astype(jnp.float32)).astype(x.dtype)
-    return lax.psum(gemm(x_hat), TENSOR)
+    return tag(lax.psum(gemm(x_hat), TENSOR), LATENT)

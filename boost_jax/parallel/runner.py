@@ -66,7 +66,7 @@ class ShardedModel:
 
         def local(params, inputs, targets):
             model = bind(self.cfg, _data_varying(params), self.dtype)
-            per_token = model.token_loss(inputs, targets, self.plan, self.parallel.grouping)
+            per_token = model.token_loss(inputs, targets, self.plan)
             return jax.lax.psum(jnp.sum(per_token), DATA) / n_tokens
 
         return self._region(local, P())(params, inputs, targets)
@@ -75,7 +75,7 @@ class ShardedModel:
         """Logits ``[batch, seq, vocab]`` in fp32 (batch on ``data``)."""
         def local(params, tokens, _):
             model = bind(self.cfg, params, self.dtype)
-            return model.logits(tokens, self.plan, self.parallel.grouping)
+            return model.logits(tokens, self.plan)
 
         return self._region(local, P(DATA, None, self.plan.rules.get("vocab")))(params, tokens,
                                                                                tokens)

@@ -44,8 +44,9 @@ def _where(c, scanned: int) -> str:
     return "layer" if scanned and c.trips and c.trips[-1] == scanned else "step"
 
 
-def compile_step(config: Config):
-    """``(sharded model, optimizer, compiled train step)`` for ``config`` (abstract inputs)."""
+def compile_step(config: Config, devices=None):
+    """``(sharded model, optimizer, compiled train step)`` for ``config`` (abstract inputs), on
+    ``devices`` (default: all, which must match the mesh)."""
     import jax.numpy as jnp
 
     from boost_jax.parallel.mesh import make_mesh
@@ -54,21 +55,22 @@ def compile_step(config: Config):
     from boost_jax.train.step import compile_train_step
 
     t = config.train
-    model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel),
+    model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel, devices),
                          jnp.dtype(t.dtype))
     tx, schedule = make_optimizer(t)
     return model, tx, compile_train_step(model, tx, schedule, t.batch_size, t.seq_len)
 
 
-def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None) -> dict:
+def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None,
+                 devices=None) -> dict:
     """Collect the report's numbers (a JSON-able dict) for the configured train step, compiling
-    it unless ``compiled`` (with its ``mesh``) is given."""
+    it (on ``devices``) unless ``compiled`` (with its ``mesh``) is given."""
     from boost_jax.analysis.comm import layers_looped, measure, predict
     from boost_jax.analysis.hlo import collectives, totals
 
     m, par, t = config.model, config.parallel, config.train
     if compiled is None:
-        model, _, compiled = compile_step(config)
+        model, _, compiled = compile_step(config, devices)
         mesh = model.mesh
     hlo = compiled.as_text()
     if dump_hlo:

@@ -132,7 +132,7 @@ def test_grouping_off_is_the_same_function():
     cfg = tiny("lax", lax_gate="dense")
     params = init_params(abstract_model(cfg)[1], seed=0)
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-    logits = jax.jit(lambda p, t, g: bind(cfg, p).logits(t, Plan(), grouped=g),
+    logits = jax.jit(lambda p, t, g: bind(cfg, p).logits(t, Plan(grouped=g)),
                      static_argnums=2)
     assert rel_err(logits(params, tokens, False), logits(params, tokens, True)) < 1e-6
 

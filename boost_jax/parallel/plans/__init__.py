@@ -14,11 +14,12 @@ from boost_jax.parallel.plans.vanilla import VanillaPlan
 
 def get_plan(parallel: Parallel) -> Plan:
     """The plan object for ``parallel.tp_plan`` (and its options)."""
+    options = dict(grouped=parallel.grouping, remat=parallel.remat)
     if parallel.tp_plan == "none":
-        return Plan()
+        return Plan(**options)
     if parallel.tp_plan == "fullrank":
-        return FullRankPlan()
+        return FullRankPlan(**options)
     if parallel.tp_plan == "vanilla":
-        return VanillaPlan()
+        return VanillaPlan(**options)
     payload = jnp.float32 if parallel.norm_payload == "float32" else None
-    return BTPPlan(parallel.rmsnorm, payload)
+    return BTPPlan(parallel.rmsnorm, payload, **options)

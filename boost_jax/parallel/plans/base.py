@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model
 from boost_jax.models.norms import rms_norm
+from boost_jax.parallel.remat import LATENT, tag
 from boost_jax.parallel.vocab import vocab_cross_entropy, vocab_embed
 
 Gemm = Callable[[jax.Array], Any]
@@ -67,6 +68,12 @@ class Plan:
     #: the archs this plan can run
     archs: tuple[str, ...] = ("dense", "svd", "cola", "lax")
 
+    def __init__(self, grouped: bool = True, remat: str = "none"):
+        #: one GEMM and collective for the q/k/v (gate/up) members, or one per member
+        self.grouped = grouped
+        #: activation-checkpointing policy of the decoder blocks (parallel/remat.py)
+        self.remat = remat
+
     def check(self, model: Model, tensor: int) -> None:
         """Raise ConfigError if ``model`` cannot run under this plan at TP degree ``tensor``."""
         if model.arch not in self.archs:
@@ -96,10 +103,10 @@ class Plan:
         return rms_norm(h, scale, eps)
 
     def norm_down(self, h: jax.Array, scale: jax.Array, eps: float, gemm: Gemm) -> jax.Array:
-        return gemm(rms_norm(h, scale, eps))
+        return tag(gemm(rms_norm(h, scale, eps)), LATENT)
 
     def down(self, x: jax.Array, gemm: Gemm):
-        return gemm(x)
+        return tag(gemm(x), LATENT)
 
     def up(self, z: jax.Array, gemm: Gemm):
         return gemm(z)

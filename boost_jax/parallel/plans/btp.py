@@ -19,6 +19,7 @@ from jax import lax
 from boost_jax.config import Model
 from boost_jax.parallel.online_rmsnorm import online_norm_down, sync_norm_down
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
+from boost_jax.parallel.remat import LATENT, tag
 from boost_jax.parallel.vocab import vocab_embed
 
 
@@ -29,7 +30,8 @@ class BTPPlan(VocabParallelPlan):
              "vocab": TENSOR}
     replicated_hidden = False  # the all-gathered hidden state is already 'varying'
 
-    def __init__(self, rmsnorm: str = "online", payload_dtype=None):
+    def __init__(self, rmsnorm: str = "online", payload_dtype=None, **options):
+        super().__init__(**options)
         self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
 
     def divisible(self, model: Model):
@@ -48,7 +50,7 @@ class BTPPlan(VocabParallelPlan):
 
     def down(self, x, gemm):
         """A factor: row-split on its full input dim; the r-wide latent is all-reduced."""
-        return g_op(gemm(x))
+        return tag(g_op(gemm(x)), LATENT)
 
     def up(self, z, gemm):
         """B factor: replicated latent in, output split on its full dim (no collective)."""

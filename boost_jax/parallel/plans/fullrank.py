@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from boost_jax.config import Model
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
+from boost_jax.parallel.remat import REDUCED, tag
 
 
 class FullRankPlan(VocabParallelPlan):
@@ -26,4 +27,4 @@ class FullRankPlan(VocabParallelPlan):
 
     def down(self, x, gemm):
         """Row-parallel: split input, partial products summed."""
-        return g_op(gemm(x))
+        return tag(g_op(gemm(x)), REDUCED)

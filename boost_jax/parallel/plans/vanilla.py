@@ -12,6 +12,7 @@ from __future__ import annotations
 from boost_jax.config import ConfigError, Model
 from boost_jax.models.norms import rms_norm
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
+from boost_jax.parallel.remat import LATENT, REDUCED, tag
 
 
 class VanillaPlan(VocabParallelPlan):
@@ -32,12 +33,12 @@ class VanillaPlan(VocabParallelPlan):
                 *super().divisible(model)]
 
     def norm_down(self, h, scale, eps, gemm):
-        return gemm(f_op(rms_norm(h, scale, eps)))
+        return tag(gemm(f_op(rms_norm(h, scale, eps))), LATENT)
 
     def down(self, x, gemm):
         """A factor: replicated input, latent split on the rank."""
-        return gemm(f_op(x))
+        return tag(gemm(f_op(x)), LATENT)
 
     def up(self, z, gemm):
         """B factor: rank-split latent, full-width output all-reduced."""
-        return g_op(gemm(z))
+        return tag(g_op(gemm(z)), REDUCED)

@@ -1,0 +1,25 @@
+"""The few JAX APIs that differ between the CPU machines (jax 0.10.x, Python 3.11) and the GPU
+machines (jax 0.11.x), resolved in one place."""
+
+from __future__ import annotations
+
+import jax
+
+
+def save_only_these_names(*names: str):
+    """The remat policy saving only the values tagged with ``names``.
+
+    jax 0.10 spells it as a function; 0.11 turned ``jax.checkpoint_policies`` into a module
+    of policy classes (``SaveOnlyTheseNames``) -- use whichever this JAX has.
+    """
+    policies = jax.checkpoint_policies
+    fn = getattr(policies, "save_only_these_names", None)
+    if fn is not None:
+        return fn(*names)
+    return policies.SaveOnlyTheseNames(names)  # pragma: no cover - jax >= 0.11 without the fn
+
+
+def nothing_saveable():
+    """The remat policy that saves nothing (recompute everything)."""
+    policy = jax.checkpoint_policies.nothing_saveable
+    return policy if callable(policy) and not isinstance(policy, type) else policy()
