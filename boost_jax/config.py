@@ -21,6 +21,7 @@ LAX_GATES = ("identity", "dense", "kronecker")
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
 RMSNORMS = ("online", "sync")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
+SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -125,6 +126,11 @@ class Parallel:
     statistic rides in the A factor's all-reduce) or ``sync`` (its own all-reduce first).
     ``norm_payload`` (btp online): dtype of that fused all-reduce, ``compute`` (the compute
     dtype) or ``float32``.
+
+    Pipeline parallelism over ``pipe``: ``pipeline_schedule`` ``gpipe`` or ``circular``
+    (``pipeline_repeats`` passes of every microbatch over the stages), ``microbatches`` per data
+    shard and step. ``zero``: ``0`` replicates the optimizer state over ``data``, ``1`` shards it
+    (ZeRO-1).
     """
 
     data: int = 2
@@ -135,9 +141,13 @@ class Parallel:
     norm_payload: str = "compute"
     grouping: bool = True  # one GEMM (and collective) for the q/k/v or gate/up A factors
     remat: str = "none"  # activation checkpointing: none | full | lowrank | lowrank_attn
+    microbatches: int = 1
+    pipeline_schedule: str = "gpipe"
+    pipeline_repeats: int = 1
+    zero: int = 0
 
     def __post_init__(self):
-        for name in ("data", "pipe", "tensor"):
+        for name in ("data", "pipe", "tensor", "microbatches", "pipeline_repeats"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1,
                    f"Parallel.{name}={value!r} must be a positive integer")
@@ -152,9 +162,17 @@ class Parallel:
         _check(self.tensor == 1 or self.tp_plan != "none",
                f"Parallel.tensor={self.tensor} needs a tensor-parallel plan: set "
                "Parallel.tp_plan to 'btp', 'vanilla' or 'fullrank'")
-        _check(self.pipe == 1,
-               f"Parallel.pipe={self.pipe}: pipeline parallelism is not yet supported "
-               "(use Parallel.pipe=1)")
+        _check(self.pipeline_schedule in SCHEDULES, f"Parallel.pipeline_schedule="
+               f"{self.pipeline_schedule!r} is not one of {', '.join(SCHEDULES)}")
+        _check(self.pipeline_schedule == "circular" or self.pipeline_repeats == 1,
+               f"Parallel.pipeline_repeats={self.pipeline_repeats} needs "
+               "Parallel.pipeline_schedule='circular'")
+        _check(self.zero in (0, 1), f"Parallel.zero={self.zero!r} is not 0 or 1")
+
+    @property
+    def repeats(self) -> int:
+        """Passes of each microbatch over the pipeline stages (1 for GPipe)."""
+        return self.pipeline_repeats if self.pipeline_schedule == "circular" else 1
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -251,6 +269,23 @@ class Config:
         from boost_jax.parallel.plans import get_plan  # the plans import this module
 
         get_plan(self.parallel).check(self.model, self.parallel.tensor)
+        par, m = self.parallel, self.model
+        if par.pipe > 1 or par.microbatches > 1:
+            per_shard = self.train.batch_size // par.data
+            _check(per_shard % par.microbatches == 0,
+                   f"Parallel.microbatches={par.microbatches} does not divide the batch of a "
+                   f"data shard (Train.batch_size / Parallel.data = {per_shard})")
+            stages = par.pipe * par.repeats
+            _check(m.n_layers % stages == 0,
+                   f"Model.n_layers={m.n_layers} is not divisible by Parallel.pipe x "
+                   f"pipeline_repeats = {stages} pipeline stages")
+            _check(par.repeats == 1 or par.microbatches >= par.pipe,
+                   f"the circular schedule needs Parallel.microbatches >= Parallel.pipe "
+                   f"({par.microbatches} < {par.pipe}): a microbatch re-enters the first stage "
+                   "before the others are through")
+            _check(m.arch != "lax", "Model.arch='lax' is not supported with pipeline "
+                   "parallelism yet (its latents would have to travel between stages); use "
+                   "Parallel.pipe=1")
 
     def to_dict(self) -> dict:
         return {type(g).__name__: dataclasses.asdict(g)

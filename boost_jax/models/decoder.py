@@ -79,16 +79,22 @@ class Decoder(nnx.Module):
         if not cfg.tie_embeddings:
             self.head = param((d, vocab), Init("normal", cfg.init_std), (None, "vocab"))
 
-    def hidden(self, tokens: jax.Array, plan: Plan) -> jax.Array:
-        """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""
-        h = plan.embed(tokens, self.embed[...])
+    def embed_tokens(self, tokens: jax.Array, plan: Plan) -> jax.Array:
+        """``tokens [b, s]`` -> residual stream ``[b, s, d_local]``."""
+        return plan.embed(tokens, self.embed[...])
+
+    def run_blocks(self, h: jax.Array, plan: Plan, layers=None) -> jax.Array:
+        """Apply stacked blocks to the residual ``h``: all of them, or the stacked parameter
+        slice ``layers`` (a pipeline stage's ``[n, ...]`` share of ``nnx.split(blocks)[1]``)."""
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, h, cross):
             return nnx.merge(graph, layer)(h, cross, plan)
 
         cross = None
-        if self.crosses:  # block 0 has no latent to cross: run it before the scan
+        if layers is not None:
+            stacked = layers
+        elif self.crosses:  # block 0 has no latent to cross: run it before the scan
             first = jax.tree.map(lambda x: x[0], stacked)
             h, cross = checkpointed(block, plan.remat, in_loop=False)(first, h, None)
             stacked = jax.tree.map(lambda x: x[1:], stacked)
@@ -98,7 +104,15 @@ class Decoder(nnx.Module):
             return block(layer, *carry), None
 
         (h, _), _ = jax.lax.scan(body, (h, cross or {}), stacked)
+        return h
+
+    def finish(self, h: jax.Array, plan: Plan) -> jax.Array:
+        """Residual stream -> final-normed hidden ``[b, s, d]`` (full width)."""
         return rms_norm(plan.final_hidden(h), self.final_norm[...], self.eps)
+
+    def hidden(self, tokens: jax.Array, plan: Plan) -> jax.Array:
+        """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""
+        return self.finish(self.run_blocks(self.embed_tokens(tokens, plan), plan), plan)
 
     def head_weight(self) -> jax.Array:
         """``[d, V]`` (the transposed embedding when tied)."""
@@ -107,9 +121,13 @@ class Decoder(nnx.Module):
     def logits(self, tokens: jax.Array, plan: Plan) -> jax.Array:
         return plan.logits(self.hidden(tokens, plan), self.head_weight())
 
+    def hidden_loss(self, hidden: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
+        """Per-token cross-entropy ``[b, s]`` (fp32) of a final hidden state."""
+        return plan.token_loss(plan.logits(hidden, self.head_weight()), targets)
+
     def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32)."""
-        return plan.token_loss(self.logits(tokens, plan), targets)
+        return self.hidden_loss(self.hidden(tokens, plan), targets, plan)
 
 
 @functools.lru_cache(maxsize=32)

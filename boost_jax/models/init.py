@@ -124,14 +124,17 @@ def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, object]:
 
 
 def init_params(defs: Mapping[tuple, ParamDef], seed: int,
-                shardings: Callable[[ParamDef], object] | Mapping | None = None) -> dict:
+                shardings: Callable[[ParamDef], object] | Mapping | None = None,
+                transform: Callable[[dict], dict] | None = None) -> dict:
     """Draw every parameter (fp32, global shape) under ``jit``; returns a nested dict.
 
-    ``shardings`` maps each ParamDef to its output sharding (or is a nested dict of them);
-    ``None`` leaves placement to JAX (one device).
+    ``shardings`` maps each ParamDef to its output sharding (or is a nested dict of them, for
+    the ``transform``-ed tree); ``None`` leaves placement to JAX (one device). ``transform``
+    (e.g. a pipeline layout) is applied to the drawn tree inside the same ``jit``.
     """
     def build(seed):  # the seed is traced: one compilation serves every seed
-        return unflatten({p: _init_one(seed, p, d) for p, d in defs.items()})
+        tree = unflatten({p: _init_one(seed, p, d) for p, d in defs.items()})
+        return transform(tree) if transform else tree
 
     out_shardings = None
     if callable(shardings):

@@ -30,7 +30,14 @@ from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter, progress_line
 from boost_jax.train.optim import make_optimizer
-from boost_jax.train.step import abstract_state, compile_train_step, init_state, make_eval_step
+from boost_jax.train.step import (
+    abstract_state,
+    compile_train_step,
+    from_checkpoint_layout,
+    init_state,
+    make_eval_step,
+    to_checkpoint_layout,
+)
 
 
 @dataclasses.dataclass
@@ -133,10 +140,10 @@ class _Reporter:
 
 def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, tx, config: Config,
                      train_it) -> tuple[dict, int]:
-    restored = ckpt.restore_latest(abstract_state(model, tx), train_it,
+    restored = ckpt.restore_latest(abstract_state(model, tx, canonical=True), train_it,
                                    check_meta=lambda saved: _check_resume(saved, config))
     if restored is not None:
-        state = restored[0]
+        state = from_checkpoint_layout(model, tx, restored[0])
         start = int(jax.device_get(state["step"]))
         logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
         return state, start
@@ -206,14 +213,14 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                 report(*pending)
             pending = (step, metrics)
             if step % t_cfg.checkpoint_every == 0 and step < t_cfg.steps:
-                ckpt.save(step, state, train_it, meta)
+                ckpt.save(step, to_checkpoint_layout(model, tx, state), train_it, meta)
             if step % t_cfg.eval_every == 0 and step < t_cfg.steps:
                 report(*pending)
                 pending, eval_loss = None, evaluate(step)
         if pending is not None:
             report(*pending)
         interrupted = stop.signum
-    ckpt.save(step, state, train_it, meta, wait=True)
+    ckpt.save(step, to_checkpoint_layout(model, tx, state), train_it, meta, wait=True)
     if interrupted is not None:
         logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the same "
                         "command to resume", interrupted, step)

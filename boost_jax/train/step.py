@@ -13,28 +13,67 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from boost_jax.parallel.plans.base import DATA
 from boost_jax.parallel.runner import ShardedModel
 
 
-def _shapes(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
-    params = model.param_shapes()
+def _shapes(model: ShardedModel, tx: optax.GradientTransformation, canonical: bool) -> dict:
+    params = model.param_shapes(canonical)
     return {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
             "opt_state": jax.eval_shape(tx.init, params)}
 
 
-def state_shardings(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
-    """Shardings of the state: parameters and optimizer moments by the plan, scalars
-    replicated."""
-    replicated = NamedSharding(model.mesh, P())
-    opt = optax.tree_map_params(tx, lambda _, sharding: sharding, _shapes(model, tx)["opt_state"],
-                                model.param_shardings, transform_non_params=lambda _: replicated)
-    return {"step": replicated, "params": model.param_shardings, "opt_state": opt}
+def zero_spec(spec: P, shape: tuple[int, ...], data: int) -> P:
+    """ZeRO-1: also split an optimizer moment over ``data``, on its first dimension that is
+    not split yet and divides evenly (moments too small to split stay replicated)."""
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for i, (entry, size) in enumerate(zip(entries, shape)):
+        if entry is None and size % data == 0:
+            entries[i] = DATA
+            return P(*entries)
+    return spec
 
 
-def abstract_state(model: ShardedModel, tx: optax.GradientTransformation) -> dict:
-    """ShapeDtypeStructs (with shardings) of the state: the restore target for checkpoints."""
+def state_shardings(model: ShardedModel, tx: optax.GradientTransformation,
+                    canonical: bool = False) -> dict:
+    """Shardings of the state: parameters by the plan, optimizer moments like their parameter
+    (and, with ``Parallel.zero=1``, split over ``data`` too), scalars replicated.
+    ``canonical``: block parameters in the checkpoint layout ``[L, ...]``."""
+    mesh, data = model.mesh, model.parallel.data
+    replicated = NamedSharding(mesh, P())
+    params = model.canonical_shardings if canonical else model.param_shardings
+
+    def moment(shape, sharding):
+        if model.parallel.zero == 1:
+            return NamedSharding(mesh, zero_spec(sharding.spec, shape.shape, data))
+        return sharding
+
+    opt = optax.tree_map_params(tx, moment, _shapes(model, tx, canonical)["opt_state"], params,
+                                transform_non_params=lambda _: replicated)
+    return {"step": replicated, "params": params, "opt_state": opt}
+
+
+def abstract_state(model: ShardedModel, tx: optax.GradientTransformation,
+                   canonical: bool = False) -> dict:
+    """ShapeDtypeStructs (with shardings) of the state; ``canonical=True`` gives the layout
+    checkpoints hold."""
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        _shapes(model, tx), state_shardings(model, tx))
+                        _shapes(model, tx, canonical), state_shardings(model, tx, canonical))
+
+
+def to_checkpoint_layout(model: ShardedModel, tx: optax.GradientTransformation, state: dict):
+    """The state in the canonical block layout (a copy; the identity unless the schedule is
+    circular)."""
+    if model.repeats == 1:
+        return state
+    out = state_shardings(model, tx, canonical=True)
+    return jax.jit(model.to_canonical, out_shardings=out)(state)
+
+
+def from_checkpoint_layout(model: ShardedModel, tx: optax.GradientTransformation, state: dict):
+    if model.repeats == 1:
+        return state
+    return jax.jit(model.from_canonical, out_shardings=state_shardings(model, tx))(state)
 
 
 def init_state(model: ShardedModel, tx: optax.GradientTransformation, seed: int) -> dict:

@@ -1,0 +1,87 @@
+"""Pipeline parallelism over the ``pipe`` mesh axis: GPipe and the circular schedule, inside the
+model's one ``shard_map`` region (JAX_NOTES §18, design (a)).
+
+Layout. The ``L`` decoder blocks are split into ``S`` stages; with ``R`` repeats (circular) each
+stage holds ``R`` groups of ``L / (S R)`` consecutive layers, group ``r`` of stage ``s`` being
+layers ``r L/R + s L/(S R) ...`` -- the stacked block parameters are laid out
+``[R, L/R, ...]`` with the second axis split over ``pipe`` (``[L, ...]`` when ``R = 1``), so
+every stage holds its own layers and no layer parameter is replicated over ``pipe``.
+
+Schedule. A data shard's batch is cut into ``M`` microbatches. At iteration ``i`` stage ``s``
+works on item ``g = i - s`` (microbatch ``g mod M``, repeat ``g div M``) if ``0 <= g < R M``;
+its output moves to stage ``s + 1`` with one ``ppermute`` -- under ``btp`` that is the
+``[mb, seq, d/p]`` residual shard, ``p`` times less than a replicated residual. Stage 0 takes
+a fresh microbatch for repeat 0 and, for later repeats, the microbatch the last stage sent
+back around the ring (kept in a buffer until its turn, which needs ``M >= S``). ``R M + S - 1``
+iterations in all: the bubble is ``(S - 1) / (R M + S - 1)``. Every stage runs every
+iteration; idle ones compute on zeros whose results are discarded.
+
+Boundaries. Every stage embeds all microbatches (only stage 0 uses them; the embedding is a
+gather plus the plan's one collective), and every stage computes the head and loss on the
+outputs buffer, masked to the last stage -- simple SPMD code at the price of that redundant
+work. The transposes of ``ppermute`` carry the gradients back through the stages.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from boost_jax.models.decoder import Decoder
+from boost_jax.parallel.plans.base import PIPE, Plan
+
+
+def stage_layout(x: jax.Array, repeats: int) -> jax.Array:
+    """Stacked block parameter ``[L, ...]`` -> the pipeline layout ``[R, L/R, ...]``."""
+    return x if repeats == 1 else x.reshape(repeats, x.shape[0] // repeats, *x.shape[1:])
+
+
+def canonical_layout(x: jax.Array, repeats: int) -> jax.Array:
+    """Inverse of :func:`stage_layout`."""
+    return x if repeats == 1 else x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: jax.Array,
+                        microbatches: int, repeats: int) -> jax.Array:
+    """Per-token loss ``[b, s]`` of this data shard (zero except on the last stage).
+
+    ``inputs``/``targets`` ``[b, s]`` are this data shard's rows; ``model`` holds this
+    stage's block parameters in the :func:`stage_layout`.
+    """
+    stages, stage = lax.axis_size(PIPE), lax.axis_index(PIPE)
+    b, s = inputs.shape
+    m_count, mb = microbatches, b // microbatches
+    fresh = model.embed_tokens(inputs, plan).reshape(m_count, mb, s, -1)  # [M, mb, s, d_loc]
+    _, blocks = nnx.split(model.blocks)
+    if repeats == 1:
+        blocks = jax.tree.map(lambda x: x[None], blocks)
+    zeros = fresh * 0  # carries with the values' varying-axes type
+    forward = [(k, k + 1) for k in range(stages - 1)]
+    ring = forward + ([(stages - 1, 0)] if repeats > 1 else [])
+    items = repeats * m_count
+
+    def iteration(carry, i):
+        received, waiting, outputs = carry
+        g = jnp.clip(i - stage, 0, items - 1)
+        mbatch, rep = g % m_count, g // m_count
+        first_in = jnp.where(rep == 0, fresh[mbatch], waiting[mbatch])
+        x = jnp.where(stage == 0, first_in, received)
+        layers = jax.tree.map(lambda w: lax.dynamic_index_in_dim(w, rep, keepdims=False), blocks)
+        y = model.run_blocks(x, plan, layers)
+        done = (i - stage >= 0) & (stage == stages - 1) & (rep == repeats - 1)
+        outputs = outputs.at[mbatch].set(jnp.where(done, y, outputs[mbatch]))
+        received = lax.ppermute(y, PIPE, ring)
+        if repeats > 1:  # stage 0 keeps what comes back around the ring for its next repeat
+            back = i - (stages - 1)
+            bm, brep = jnp.clip(back, 0, items - 1) % m_count, back // m_count
+            keep = (stage == 0) & (back >= 0) & (brep < repeats - 1)
+            waiting = waiting.at[bm].set(jnp.where(keep, received, waiting[bm]))
+        return (received, waiting, outputs), None
+
+    init = (zeros[0], zeros, zeros)
+    (_, _, outputs), _ = lax.scan(iteration, init, jnp.arange(items + stages - 1))
+    hidden = model.finish(outputs.reshape(b, s, -1), plan)
+    per_token = model.hidden_loss(hidden, targets, plan)
+    return jnp.where(stage == stages - 1, per_token, 0.0)
