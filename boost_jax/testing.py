@@ -40,7 +40,8 @@ def tiny(arch: str = "cola", **overrides) -> Model:
 def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
                    dtype: str = "float32"):
     """Loss and parameter gradients of the global batch under ``parallel`` (on the first
-    ``parallel.num_devices`` devices), as host arrays."""
+    ``parallel.num_devices`` devices), as host arrays; ``params`` and the gradients in the
+    canonical layout (blocks ``[L, ...]``) whatever the pipeline layout."""
     import jax
     import jax.numpy as jnp
 
@@ -49,6 +50,7 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
 
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
     sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype))
-    p = jax.device_put(params, sharded.param_shardings)
+    p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
     x, y = (jax.device_put(v, sharded.batch_sharding) for v in (inputs, targets))
-    return jax.device_get(jax.jit(jax.value_and_grad(sharded.loss))(p, x, y))
+    loss, grads = jax.device_get(jax.jit(jax.value_and_grad(sharded.loss))(p, x, y))
+    return loss, sharded.to_canonical(grads)

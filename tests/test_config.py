@@ -43,7 +43,11 @@ def test_presets_and_overrides():
 
 def test_bad_parallel_and_train():
     assert "needs a tensor-parallel plan" in _err(lambda: Parallel(tensor=4, tp_plan="none"))
-    assert "not yet supported" in _err(lambda: Parallel(pipe=2))
+    assert "Parallel.pipeline_schedule='1f1b'" in _err(
+        lambda: Parallel(pipeline_schedule="1f1b"))
+    assert "needs Parallel.pipeline_schedule='circular'" in _err(
+        lambda: Parallel(pipeline_repeats=2))
+    assert "Parallel.zero=3" in _err(lambda: Parallel(zero=3))
     assert "Parallel.tp_plan='megatron'" in _err(lambda: Parallel(tp_plan="megatron"))
     assert "Parallel.rmsnorm='local'" in _err(lambda: Parallel(rmsnorm="local"))
     assert "Parallel.norm_payload='int8'" in _err(lambda: Parallel(norm_payload="int8"))
@@ -81,6 +85,27 @@ def test_bad_tensor_parallel_layouts(model, parallel, needle):
 
     m = Model(size="tiny", **model)
     assert needle in _err(lambda: Config(m, Parallel(**parallel), Train(), Data()))
+
+
+@pytest.mark.parametrize("parallel, model, needle", [
+    (dict(pipe=2, tensor=1, tp_plan="none", data=1), dict(n_layers=3),
+     "Model.n_layers=3 is not divisible by Parallel.pipe x pipeline_repeats = 2"),
+    (dict(pipe=2, tensor=1, tp_plan="none", data=1, pipeline_schedule="circular",
+          pipeline_repeats=2, microbatches=2), dict(n_layers=6),
+     "Model.n_layers=6 is not divisible by Parallel.pipe x pipeline_repeats = 4"),
+    (dict(pipe=2, tensor=1, tp_plan="none", data=2, microbatches=3), {},
+     "Parallel.microbatches=3 does not divide the batch of a data shard"),
+    (dict(pipe=4, tensor=1, tp_plan="none", data=1, pipeline_schedule="circular",
+          microbatches=2), dict(n_layers=4), "needs Parallel.microbatches >= Parallel.pipe"),
+    (dict(pipe=2, tensor=1, tp_plan="none", data=1), dict(arch="lax"),
+     "Model.arch='lax' is not supported with pipeline parallelism"),
+])
+def test_bad_pipeline_layouts(parallel, model, needle):
+    from boost_jax.config import Config
+
+    cfg = lambda: Config(Model(size="tiny", **model), Parallel(**parallel),  # noqa: E731
+                         Train(batch_size=8), Data())
+    assert needle in _err(cfg)
 
 
 def test_unknown_gin_binding():

@@ -26,12 +26,19 @@ for ``btp`` a reduce-scatter into the residual shard whose backward is an all-ga
 head's input (``fullrank``/``vanilla``: the
 backward all-reduce of ``[T, d]``; ``btp``: the all-gather of the residual shards and its
 backward reduce-scatter, plus the final norm gain's gradient, ``d``), and the sharded
-cross-entropy's three ``[T]`` reductions. Data axis: one all-reduce per step of every local
-parameter gradient, plus the loss.
+cross-entropy's three ``[T]`` reductions.
+
+Pipelining (``pipe`` > 1 or several microbatches): every device runs its stage's layers in
+each of the ``R M + S - 1`` iterations (bubbles included), on a microbatch at a time, and one
+``ppermute`` of the ``[mb, seq, d_local]`` residual (``d/p`` under ``btp``) per iteration each
+way crosses the ``pipe`` axis. Gradients: one all-reduce per step of the local block
+parameters over ``data``, and one of the parameters replicated over ``pipe`` (embedding, head,
+final norm) plus the loss over ``data`` and ``pipe``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
@@ -43,30 +50,22 @@ from boost_jax.parallel.plans import get_plan
 
 @dataclasses.dataclass(frozen=True)
 class Comm:
-    """Communication of one train step (elements unless named ``*_bytes``).
+    """Communication of one train step, per device.
 
-    ``layer_fwd`` / ``layer_bwd``: tensor-axis elements per layer per token, for the
-    ``looped`` layers run by the layer loop (``looped`` is 0 when the compiler kept no loop,
-    e.g. a single scanned layer; then all layers count as boundary).
-    ``boundary_fwd`` / ``boundary_bwd``: tensor-axis elements per step outside the layer loop.
-    ``layer_fwd_bytes`` / ``layer_bwd_bytes``: the same per-layer traffic in bytes per token.
-    ``data``: data-axis elements per step.
+    ``layer_fwd`` / ``layer_bwd`` (and ``*_bytes``): tensor-axis elements (bytes) one decoder
+    layer sends per token it processes, forward and backward; known from the compiled HLO only
+    when the layers run in a loop (``looped``: the layers per loop, 0 when XLA unrolled it).
+    ``steps``: elements per step by mesh-axes group (``"tensor"``, ``"pipe"``, ``"data"``,
+    ``"data,pipe"``), counting only the model's collectives -- the per-layer traffic times the
+    layer executions, the boundaries, pipeline permutes and gradient reductions.
     """
 
     layer_fwd: float
     layer_bwd: float
-    boundary_fwd: float
-    boundary_bwd: float
     layer_fwd_bytes: float
     layer_bwd_bytes: float
-    data: float
     looped: int
-
-
-def step_total(comm: Comm, tokens: int) -> float:
-    """Tensor-axis elements per step."""
-    return (comm.layer_fwd + comm.layer_bwd) * comm.looped * tokens + comm.boundary_fwd + \
-        comm.boundary_bwd
+    steps: dict[str, float]
 
 
 def _layer(model: Model, parallel: Parallel) -> tuple[float, float, int]:
@@ -87,10 +86,30 @@ def _layer(model: Model, parallel: Parallel) -> tuple[float, float, int]:
     return latents + norms, latents + norms, norms
 
 
+def schedule(model: Model, parallel: Parallel, batch: int, seq_len: int) -> dict[str, int]:
+    """How the layers run per device and step: ``tokens`` per layer execution (a microbatch
+    under pipelining), layer ``executions`` (bubble iterations included), ``iterations`` of the
+    pipeline loop (1 without), and ``looped``: layers per compiled loop (0 if unrolled)."""
+    tokens = batch // parallel.data * seq_len
+    if parallel.pipe == 1 and parallel.microbatches == 1:
+        scanned = model.n_layers - (1 if model.arch == "lax" else 0)  # LaX: block 0 before
+        return dict(tokens=tokens, executions=model.n_layers, iterations=1,
+                    looped=scanned if scanned > 1 else 0)
+    per_group = model.n_layers // (parallel.pipe * parallel.repeats)
+    iterations = parallel.repeats * parallel.microbatches + parallel.pipe - 1
+    return dict(tokens=tokens // parallel.microbatches, executions=iterations * per_group,
+                iterations=iterations, looped=per_group if per_group > 1 else 0)
+
+
+def _axes(*pairs: tuple[str, int]) -> str:
+    return ",".join(name for name, size in pairs if size > 1)
+
+
 def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: str
             ) -> Comm:
     """The analytic communication of a train step (see the module docstring)."""
     tokens = batch // parallel.data * seq_len
+    run = schedule(model, parallel, batch, seq_len)
     fwd, bwd, stats = _layer(model, parallel)
     act = 2 if dtype == "bfloat16" else 4
     online = parallel.tp_plan == "btp" and parallel.rmsnorm == "online"
@@ -108,29 +127,29 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
         unused = 0 if parallel.tp_plan == "btp" else model.d_model
         bwd, bwd_bytes = bwd + fwd - unused, bwd_bytes + fwd_bytes - act * unused
     d = model.d_model
-    b_fwd = b_bwd = 0.0
+    steps: dict[str, float] = collections.defaultdict(float)
     if parallel.tensor > 1:
-        b_fwd, b_bwd = tokens * d + 3 * tokens, tokens * d
-        if parallel.tp_plan == "btp":
-            b_fwd, b_bwd = 2 * tokens * d + 3 * tokens, 2 * tokens * d + d
-    looped = layers_looped(model)
-    outside = model.n_layers - looped  # LaX's block 0 runs before the scan
-    b_fwd, b_bwd = b_fwd + outside * fwd * tokens, b_bwd + outside * bwd * tokens
+        boundary = 2 * tokens * d + 3 * tokens  # embedding and head input, sharded CE
+        if parallel.tp_plan == "btp":  # reduce-scatter/all-gather pairs, final norm gain
+            boundary = 4 * tokens * d + 3 * tokens + d
+        steps["tensor"] = (fwd + bwd) * run["tokens"] * run["executions"] + boundary
+    if parallel.pipe > 1:  # the residual (shard) of a microbatch moves forward and back
+        d_local = d // parallel.tensor if parallel.tp_plan == "btp" else d
+        steps["pipe"] += 2 * run["iterations"] * run["tokens"] * d_local
     plan = get_plan(parallel)
-    local = 0
+    stage_local = global_local = 0
     for spec_def in abstract_model(model)[1].values():
-        spec = plan.spec(spec_def.axes)
-        split = math.prod(parallel.tensor for a in spec if a is not None)
-        local += math.prod(spec_def.shape) // split
-    data = (local + 1) if parallel.data > 1 else 0
-    return Comm(fwd, bwd, b_fwd, b_bwd, fwd_bytes, bwd_bytes, data, looped)
-
-
-def layers_looped(model: Model) -> int:
-    """Layers the compiled step runs in a loop: the ``lax.scan`` over blocks (LaX runs block 0
-    before it); XLA unrolls a scan of one layer, which then leaves no loop."""
-    scanned = model.n_layers - (1 if model.arch == "lax" else 0)
-    return scanned if scanned > 1 else 0
+        split = math.prod(parallel.tensor for a in plan.spec(spec_def.axes) if a is not None)
+        size = math.prod(spec_def.shape) // split
+        if spec_def.stacked:
+            stage_local += size // parallel.pipe
+        else:
+            global_local += size
+    if parallel.data > 1:
+        steps["data"] += stage_local
+    if (key := _axes(("data", parallel.data), ("pipe", parallel.pipe))):
+        steps[key] += global_local + 1  # + the loss
+    return Comm(fwd, bwd, fwd_bytes, bwd_bytes, run["looped"], dict(steps))
 
 
 def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: int,
@@ -138,24 +157,20 @@ def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: in
     """The same quantities read from compiled-HLO collectives (:func:`hlo.collectives`).
 
     Layer collectives are the tensor-axis ones inside a ``while`` loop whose trip count is the
-    number of scanned layers; only collectives of the model's ``shard_map`` region count (the
-    optimizer's gradient-norm reductions are not the plan's traffic).
+    number of layers per loop; only collectives of the model's ``shard_map`` region count (the
+    optimizer's reductions are not the plan's traffic).
     """
-    tokens = batch // parallel.data * seq_len
-    scanned = layers_looped(model)
-    vals = dict(layer_fwd=0.0, layer_bwd=0.0, boundary_fwd=0.0, boundary_bwd=0.0,
-                layer_fwd_bytes=0.0, layer_bwd_bytes=0.0, data=0.0, looped=scanned)
+    run = schedule(model, parallel, batch, seq_len)
+    looped = run["looped"]
+    layer = dict(fwd=0.0, bwd=0.0, fwd_bytes=0.0, bwd_bytes=0.0)
+    steps: dict[str, float] = collections.defaultdict(float)
     for c in colls:
-        if "shard_map" not in c.op_name:
+        if "shard_map" not in c.op_name or not c.axes:  # (size-1 groups move nothing)
             continue
-        if c.axes == ("data",):
-            vals["data"] += c.count * c.elements
-        if c.axes != ("tensor",):
-            continue
-        way = "bwd" if c.backward else "fwd"
-        if scanned and c.trips and c.trips[-1] == scanned:
-            vals[f"layer_{way}"] += c.count * c.elements / (scanned * tokens)
-            vals[f"layer_{way}_bytes"] += c.count * c.bytes / (scanned * tokens)
-        else:
-            vals[f"boundary_{way}"] += c.count * c.elements
-    return Comm(**vals)
+        steps[",".join(c.axes)] += c.count * c.elements
+        if c.axes == ("tensor",) and looped and c.trips and c.trips[-1] == looped:
+            way = "bwd" if c.backward else "fwd"
+            layer[way] += c.elements / run["tokens"]
+            layer[f"{way}_bytes"] += c.bytes / run["tokens"]
+    return Comm(layer["fwd"], layer["bwd"], layer["fwd_bytes"], layer["bwd_bytes"], looped,
+                dict(steps))

@@ -100,7 +100,7 @@ class ShardedModel:
     def _varying(self, params: dict) -> dict:
         """Cast each parameter to 'varying' over the data (and pipe) axes it is not split on."""
         def cast(p, spec):
-            axes = tuple(a for a in (DATA, PIPE) if a not in spec)
+            axes = tuple(a for a in (DATA, PIPE) if a not in spec and self.mesh.shape[a] > 1)
             return jax.lax.pcast(p, axes, to="varying") if axes else p
         return jax.tree.map(cast, params, self.param_specs)
 
@@ -112,12 +112,12 @@ class ShardedModel:
 
         def local(params, inputs, targets):
             model = bind(self.cfg, self._varying(params), self.dtype)
-            if self.pipelined:
+            if self.pipelined:  # the loss lives on the last stage
                 per_token = pipeline_token_loss(model, self.plan, inputs, targets,
                                                 par.microbatches, self.repeats)
-            else:
-                per_token = model.token_loss(inputs, targets, self.plan)
-            return jax.lax.psum(jnp.sum(per_token), (DATA, PIPE)) / n_tokens
+                return jax.lax.psum(jnp.sum(per_token), (DATA, PIPE)) / n_tokens
+            per_token = model.token_loss(inputs, targets, self.plan)
+            return jax.lax.psum(jnp.sum(per_token), DATA) / n_tokens
 
         return self._region(local, P())(params, inputs, targets)
 

@@ -65,7 +65,7 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
                  devices=None) -> dict:
     """Collect the report's numbers (a JSON-able dict) for the configured train step, compiling
     it (on ``devices``) unless ``compiled`` (with its ``mesh``) is given."""
-    from boost_jax.analysis.comm import layers_looped, measure, predict
+    from boost_jax.analysis.comm import measure, predict, schedule
     from boost_jax.analysis.hlo import collectives, totals
 
     m, par, t = config.model, config.parallel, config.train
@@ -79,7 +79,7 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
     colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
     measured = measure(colls, m, par, t.batch_size, t.seq_len)
     predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype)
-    scanned = layers_looped(m)
+    scanned = schedule(m, par, t.batch_size, t.seq_len)["looped"]
     rows = collections.Counter(
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,
          "bwd" if c.backward else "fwd", _where(c, scanned)) for c in colls)
@@ -112,16 +112,13 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
 
 def check(measured, predicted) -> list[str]:
     """The quantities where measurement and formula differ (empty: they agree)."""
-    bad = []
     m, p = dataclasses.asdict(measured), dataclasses.asdict(predicted)
     layer = ("layer_fwd", "layer_bwd", "layer_fwd_bytes", "layer_bwd_bytes") if m["looped"] else ()
-    pairs = [(k, m[k], p[k]) for k in ("looped", *layer, "data")]
-    pairs.append(("boundary", m["boundary_fwd"] + m["boundary_bwd"],
-                  p["boundary_fwd"] + p["boundary_bwd"]))
-    for name, a, b in pairs:
-        if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9):
-            bad.append(f"{name}: measured {a:g}, formula {b:g}")
-    return bad
+    pairs = [(k, m[k], p[k]) for k in ("looped", *layer)]
+    pairs += [(f"per step on {axes}", m["steps"].get(axes, 0.0), p["steps"].get(axes, 0.0))
+              for axes in sorted(set(m["steps"]) | set(p["steps"]))]
+    return [f"{name}: measured {a:g}, formula {b:g}" for name, a, b in pairs
+            if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)]
 
 
 def format_report(rep: dict) -> str:
@@ -152,12 +149,11 @@ def format_report(rep: dict) -> str:
               f"{p['layer_fwd_bytes']:>12,.1f} bytes",
               f"  per layer per token, backward {m['layer_bwd_bytes']:>12,.1f} "
               f"{p['layer_bwd_bytes']:>12,.1f} bytes",
-              f"  per step outside the layers   {m['boundary_fwd'] + m['boundary_bwd']:>12,.0f} "
-              f"{p['boundary_fwd'] + p['boundary_bwd']:>12,.0f} elements",
               f"  per-layer forward payload ({c['tokens_per_tp_group']} tokens): "
               f"{rep['per_layer_forward_gib']:.3f} GiB",
-              "data axis",
-              f"  per step                      {m['data']:>12,.0f} {p['data']:>12,.0f} elements",
+              "per step (the model's collectives)"] + [
+              f"  {axes:<28}{m['steps'].get(axes, 0):>12,.0f} {p['steps'].get(axes, 0):>12,.0f}"
+              " elements" for axes in sorted(set(m["steps"]) | set(p["steps"]))] + [
               "", "compiled memory (per device): " + ", ".join(
                   f"{k.removesuffix('_size_in_bytes')} {v / 2**20:,.1f} MiB"
                   for k, v in rep["memory"].items()),

@@ -79,15 +79,16 @@ def test_data_axis_is_one_fp32_gradient_reduction_per_step():
     rep = _report("cola", "btp", rmsnorm="online")
     data = [r for r in rep["collectives"] if r["axes"] == "data"]
     assert {(r["runs"], r["where"], r["dtype"]) for r in data} == {(1, "step", "f32")}
-    assert rep["measured"]["data"] == rep["predicted"]["data"]
+    assert rep["measured"]["steps"]["data"] == rep["predicted"]["steps"]["data"]
 
 
 def test_check_reports_a_difference():
     from boost_jax.analysis.comm import Comm
 
-    ok = Comm(1, 2, 3, 4, 5, 6, 7, 2)
+    ok = Comm(1, 2, 3, 4, 2, {"tensor": 10.0, "data": 5.0})
     assert check(ok, ok) == []
-    assert check(Comm(1.5, 2, 3, 4, 5, 6, 7, 2), ok) == ["layer_fwd: measured 1.5, formula 1"]
+    assert check(Comm(1.5, 2, 3, 4, 2, {"tensor": 10.0}), ok) == [
+        "layer_fwd: measured 1.5, formula 1", "per step on data: measured 0, formula 5"]
 
 
 def test_cli_check_json_and_dump(tmp_path):

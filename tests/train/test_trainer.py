@@ -12,10 +12,11 @@ from boost_jax.testing import SINGLE, rel_err, tiny
 from boost_jax.train.loop import run
 
 
-def _config(data, steps, parallel=SINGLE, **train):
+def _config(data, steps, parallel=SINGLE, model=None, **train):
     train = dict(dict(batch_size=8, seq_len=32, log_every=1000, eval_every=1000,
                       checkpoint_every=1000, eval_batches=1, learning_rate=3e-3), **train)
-    return Config(tiny("cola"), parallel, Train(steps=steps, **train), Data(path=str(data)))
+    return Config(model or tiny("cola"), parallel, Train(steps=steps, **train),
+                  Data(path=str(data)))
 
 
 def _losses(workdir) -> dict[int, float]:

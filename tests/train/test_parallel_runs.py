@@ -1,0 +1,41 @@
+"""Training runs across meshes: pipelined 3D parallelism logs the losses of pure data
+parallelism, and checkpoints reshard onto other meshes (including a pipeline)."""
+
+import shutil
+
+import jax
+import pytest
+
+from boost_jax.config import Parallel
+from boost_jax.testing import rel_err, tiny
+from boost_jax.train.loop import run
+from tests.train.test_trainer import _config, _losses
+
+DP8 = Parallel(data=8, tensor=1, tp_plan="none")
+DP2_TP4 = Parallel(data=2, tensor=4, tp_plan="btp")
+
+
+def test_3d_parallel_logs_the_losses_of_data_parallelism(tiny_data, tmp_path):
+    pp = Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2, zero=1)
+    run(_config(tiny_data, 20, DP8), tmp_path / "dp", jax.devices())
+    run(_config(tiny_data, 20, pp), tmp_path / "pp", jax.devices())
+    a, b = _losses(tmp_path / "dp"), _losses(tmp_path / "pp")
+    assert sorted(b) == list(range(1, 21))
+    assert rel_err([b[k] for k in range(1, 21)], [a[k] for k in range(1, 21)]) <= 1e-5
+
+
+@pytest.mark.parametrize("target", [
+    Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2),
+    Parallel(data=4, tensor=2, tp_plan="btp", zero=1),
+    Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2,
+             pipeline_schedule="circular", pipeline_repeats=2),
+], ids=["pipe2-tensor2-data2", "data4-tensor2-zero1", "circular"])
+def test_checkpoint_reshards_onto_another_mesh(tiny_data, tmp_path, target):
+    """10 steps on data=2 x tensor=4, resumed on ``target``: step 11 as if uninterrupted."""
+    steps = dict(schedule_steps=11, checkpoint_every=10, model=tiny("cola", n_layers=4))
+    run(_config(tiny_data, 11, DP2_TP4, **steps), tmp_path / "whole", jax.devices())
+    run(_config(tiny_data, 10, DP2_TP4, **steps), tmp_path / "first", jax.devices())
+    shutil.copytree(tmp_path / "first", tmp_path / "resumed")
+    summary = run(_config(tiny_data, 11, target, **steps), tmp_path / "resumed", jax.devices())
+    assert (summary.start_step, summary.step) == (10, 11)
+    assert rel_err(_losses(tmp_path / "resumed")[11], _losses(tmp_path / "whole")[11]) <= 1e-6
