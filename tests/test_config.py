@@ -96,7 +96,8 @@ def test_bad_tensor_parallel_layouts(model, parallel, needle):
     (dict(pipe=2, tensor=1, tp_plan="none", data=2, microbatches=3), {},
      "Parallel.microbatches=3 does not divide the batch of a data shard"),
     (dict(pipe=4, tensor=1, tp_plan="none", data=1, pipeline_schedule="circular",
-          microbatches=2), dict(n_layers=4), "needs Parallel.microbatches >= Parallel.pipe"),
+          pipeline_repeats=2, microbatches=2), dict(n_layers=8),
+     "needs Parallel.microbatches >= Parallel.pipe"),
     (dict(pipe=2, tensor=1, tp_plan="none", data=1), dict(arch="lax"),
      "Model.arch='lax' is not supported with pipeline parallelism"),
 ])
