@@ -24,12 +24,20 @@ CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def define_gin_flags() -> None:
-    """``--gin_file`` and ``--gin_param`` (once per process)."""
+    """``--gin_file``, ``--gin_param`` and the multi-process flags (once per process)."""
     if "gin_file" in FLAGS:
         return
     flags.DEFINE_multi_string("gin_file", [], "gin config file(s), applied in order; looked up "
                               "as given, then in the repository's configs/")
     flags.DEFINE_multi_string("gin_param", [], "gin binding(s), e.g. --gin_param=Model.rank=64")
+    flags.DEFINE_string("coordinator_address", None, "multi-process: host:port of process 0")
+    flags.DEFINE_integer("num_processes", None, "multi-process: number of processes")
+    flags.DEFINE_integer("process_id", None, "multi-process: this process's rank")
+    flags.DEFINE_string("local_device_ids", None, "multi-process: comma-separated local devices "
+                        "this process drives (default: all it sees)")
+    flags.DEFINE_float("distributed_timeout", 120.0, "seconds to wait for the coordinator")
+    flags.DEFINE_integer("heartbeat_timeout", 60, "seconds after which a process whose peer "
+                         "stopped answering is terminated")
 
 
 class _QuietLibraries(pylogging.Filter):
@@ -40,10 +48,20 @@ class _QuietLibraries(pylogging.Filter):
 
 
 def _setup(config: Config) -> None:
+    from boost_jax.parallel import distributed
     from boost_jax.parallel.mesh import request_host_devices
 
-    request_host_devices(config.parallel.num_devices)  # before JAX starts its backends
+    cluster = distributed.detect(FLAGS.coordinator_address, FLAGS.num_processes,
+                                 FLAGS.process_id, FLAGS.local_device_ids)
+    if cluster is None:
+        request_host_devices(config.parallel.num_devices)  # before JAX starts its backends
+    else:
+        distributed.initialize(cluster, config.parallel.num_devices, FLAGS.distributed_timeout,
+                               FLAGS.heartbeat_timeout)
     import jax
+
+    if jax.process_index() > 0:  # logs and metrics come from process 0
+        logging.set_verbosity(logging.WARNING)
 
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))

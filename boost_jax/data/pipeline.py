@@ -2,9 +2,10 @@
 
 Training stream: the train split is cut into windows of ``seq_len + 1`` tokens (stride
 ``seq_len``, so every token is a target once per epoch), shuffled per epoch with the seed,
-repeated forever and batched into *global* batches of ``batch_size`` windows. Process ``p`` of
-``P`` reads only rows ``[p*B/P, (p+1)*B/P)`` of every global batch, so the global batch is the
-same whatever the process count. Elements are ``{"inputs", "targets"}`` int32 ``[B/P, seq_len]``.
+repeated forever and batched into *global* batches of ``batch_size`` windows. A process reads
+only its rows ``[start, stop)`` of every global batch (those of the data shards its devices
+hold, parallel/mesh.py), so the global batch is the same whatever the process count. Elements
+are ``{"inputs", "targets"}`` int32 ``[stop - start, seq_len]``.
 
 The iterator state (``get_state``/``set_state``, a small dict) is saved in every checkpoint, so a
 resumed run continues the exact stream.
@@ -51,11 +52,11 @@ class TokenWindows:
 
 
 class _ProcessRows:
-    """Maps the j-th element of process ``p``'s stream to its global element."""
+    """Maps the j-th element of this process's stream to its global element."""
 
-    def __init__(self, source, global_batch: int, process_index: int, process_count: int):
-        self.source, self.local = source, global_batch // process_count
-        self.global_batch, self.offset = global_batch, process_index * self.local
+    def __init__(self, source, global_batch: int, rows: tuple[int, int]):
+        self.source, self.local = source, rows[1] - rows[0]
+        self.global_batch, self.offset = global_batch, rows[0]
 
     def __call__(self, j: int):
         row, col = divmod(int(j), self.local)
@@ -98,17 +99,18 @@ def open_dataset(data: Data) -> Dataset:
 
 
 def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
-                   process_index: int = 0, process_count: int = 1, worker_count: int = 0):
-    """A checkpointable grain iterator over this process's rows of the training stream."""
+                   rows: tuple[int, int] | None = None, worker_count: int = 0):
+    """A checkpointable grain iterator over this process's ``rows`` (default: all) of the
+    training stream."""
+    rows = rows or (0, global_batch)
     windows = ds.windows("train", seq_len)
     if len(windows) < global_batch:
         raise ConfigError(f"Data.path={str(ds.path)!r}: the train split has {len(windows)} "
                           f"windows of {seq_len + 1} tokens, fewer than Train.batch_size="
                           f"{global_batch}")
     stream = grain.MapDataset.source(windows).seed(seed).shuffle().repeat(None)
-    rows = _ProcessRows(stream, global_batch, process_index, process_count)
-    local = grain.MapDataset.range(0, _ENDLESS).map(rows)
-    local = local.batch(global_batch // process_count, drop_remainder=True)
+    local = grain.MapDataset.range(0, _ENDLESS).map(_ProcessRows(stream, global_batch, rows))
+    local = local.batch(rows[1] - rows[0], drop_remainder=True)
     it = local.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
     if worker_count > 0:
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
@@ -116,19 +118,19 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
 
 
 def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
-                 process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
-    """This process's rows of the first ``n_batches`` global eval batches (fewer if the split
-    is short; an error if it cannot fill one)."""
+                 rows: tuple[int, int] | None = None) -> list[dict[str, np.ndarray]]:
+    """This process's ``rows`` (default: all) of the first ``n_batches`` global eval batches
+    (fewer if the split is short; an error if it cannot fill one)."""
+    rows = rows or (0, global_batch)
     windows = ds.windows("eval", seq_len)
     n = min(n_batches, len(windows) // global_batch)
     if n_batches > 0 and n == 0:
         raise ConfigError(f"Data.path={str(ds.path)!r}: the eval split ({len(windows)} windows) "
                           f"cannot fill one batch of {global_batch}; lower Train.eval_batches or "
                           "raise the eval fraction")
-    rows = _ProcessRows(windows, global_batch, process_index, process_count)
-    local = global_batch // process_count
+    pick = _ProcessRows(windows, global_batch, rows)
     out = []
     for b in range(n):
-        items = [rows(b * local + j) for j in range(local)]
+        items = [pick(b * pick.local + j) for j in range(pick.local)]
         out.append({k: np.stack([it[k] for it in items]) for k in ("inputs", "targets")})
     return out

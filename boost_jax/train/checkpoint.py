@@ -1,10 +1,13 @@
-"""Orbax checkpoints: sharded train state, the grain iterator state, and JSON metadata.
+"""Orbax checkpoints: the sharded train state and JSON metadata (config and data position).
 
-Layout: ``<workdir>/checkpoints/<step>/{state, data, meta}``. Orbax writes each step under a
+Layout: ``<workdir>/checkpoints/<step>/{state, meta}``. Orbax writes each step under a
 temporary name and renames it when complete, so an interrupted save never looks like a
-checkpoint. On restore the newest step is tried first; a checkpoint that fails to restore is
-reported, moved aside to ``corrupt-<step>`` (nothing is deleted) and the next older one is used.
-Restoring onto a target with other shardings reshards on load.
+checkpoint. The data iterator's state (how far the stream has been read) is saved in ``meta``:
+it is the same on every process, so a checkpoint resumes with any process count. On restore
+the newest step is tried first; a checkpoint that fails to restore is reported, moved aside to
+``corrupt-<step>-<time>`` (nothing is deleted) and the next older one is used. Restoring onto a
+target with other shardings (another mesh) reshards on load. Every process takes part in saving
+and restoring.
 """
 
 from __future__ import annotations
@@ -13,16 +16,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-ITEMS = ("state", "data", "meta")
+ITEMS = ("state", "meta")
 
 
 class Checkpointer:
-    """Save / restore ``(state, data iterator, meta)``; keeps the newest ``keep`` steps."""
+    """Save / restore ``(state, meta)``; keeps the newest ``keep`` steps."""
 
     def __init__(self, directory: str | Path, keep: int, asynchronous: bool = True):
         self.directory = Path(directory).absolute()
@@ -37,21 +39,20 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.mngr.all_steps())
 
-    def save(self, step: int, state: dict, data_iter, meta: dict, wait: bool = False) -> None:
+    def save(self, step: int, state: dict, meta: dict, wait: bool = False) -> None:
         """Save at ``step``; ``wait`` blocks until the checkpoint is on disk."""
         if step in self.mngr.all_steps():
             return
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                  data=grain.checkpoint.CheckpointSave(data_iter),
                                   meta=ocp.args.JsonSave(meta))
         self.mngr.save(step, args=args, force=True)
         if wait:
             self.mngr.wait_until_finished()
 
-    def restore_latest(self, target: dict, data_iter,
+    def restore_latest(self, target: dict,
                        check_meta: Callable[[dict], None] = lambda meta: None
                        ) -> tuple[dict, dict] | None:
-        """Restore the newest intact checkpoint into ``target`` shardings (and ``data_iter``).
+        """Restore the newest intact checkpoint into ``target`` (shapes and shardings).
 
         ``check_meta`` sees each candidate's metadata before any array is read and raises to
         refuse it (e.g. a checkpoint of another model): that error propagates, it does not
@@ -66,8 +67,7 @@ class Checkpointer:
                 self._quarantine(step, err)
                 continue
             check_meta(meta)
-            args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                      data=grain.checkpoint.CheckpointRestore(data_iter))
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
             try:
                 restored = self.mngr.restore(step, args=args)
             except Exception as err:  # tensorstore/orbax errors of a damaged checkpoint
@@ -84,6 +84,10 @@ class Checkpointer:
             src = self.directory / str(step)
             if src.exists():
                 src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self.mngr.close()
         self._open()
 

@@ -25,7 +25,7 @@ from absl import logging
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
 from boost_jax.config import Config, ConfigError
 from boost_jax.data.pipeline import eval_batches, open_dataset, train_iterator
-from boost_jax.parallel.mesh import make_mesh
+from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter, progress_line
@@ -140,10 +140,11 @@ class _Reporter:
 
 def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, tx, config: Config,
                      train_it) -> tuple[dict, int]:
-    restored = ckpt.restore_latest(abstract_state(model, tx, canonical=True), train_it,
+    restored = ckpt.restore_latest(abstract_state(model, tx, canonical=True),
                                    check_meta=lambda saved: _check_resume(saved, config))
     if restored is not None:
-        state = from_checkpoint_layout(model, tx, restored[0])
+        state, meta = from_checkpoint_layout(model, tx, restored[0]), restored[1]
+        train_it.set_state(meta["data_state"])
         start = int(jax.device_get(state["step"]))
         logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
         return state, start
@@ -168,15 +169,16 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                           f"of the dataset's tokenizer ({dataset.vocab_size})")
     model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
     tx, schedule = make_optimizer(t_cfg)
-    train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, pi, pc,
+    rows = local_batch_rows(mesh, t_cfg.batch_size)
+    train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, rows,
                               config.data.worker_count)
     evals = [_global_batch(b, model, t_cfg.batch_size) for b in
-             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, pi, pc)]
+             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, rows)]
     if pi == 0:
         workdir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
     meta = {"config": config.to_dict(), "process_count": pc,
-            "worker_count": config.data.worker_count}
+            "worker_count": config.data.worker_count}  # + "data_state" at every save
     state, start = _restore_or_init(ckpt, model, tx, config, train_it)
     if pi == 0:
         _write_config(workdir, config)
@@ -213,14 +215,16 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                 report(*pending)
             pending = (step, metrics)
             if step % t_cfg.checkpoint_every == 0 and step < t_cfg.steps:
-                ckpt.save(step, to_checkpoint_layout(model, tx, state), train_it, meta)
+                ckpt.save(step, to_checkpoint_layout(model, tx, state),
+                          {**meta, "data_state": train_it.get_state()})
             if step % t_cfg.eval_every == 0 and step < t_cfg.steps:
                 report(*pending)
                 pending, eval_loss = None, evaluate(step)
         if pending is not None:
             report(*pending)
         interrupted = stop.signum
-    ckpt.save(step, to_checkpoint_layout(model, tx, state), train_it, meta, wait=True)
+    ckpt.save(step, to_checkpoint_layout(model, tx, state),
+              {**meta, "data_state": train_it.get_state()}, wait=True)
     if interrupted is not None:
         logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the same "
                         "command to resume", interrupted, step)

@@ -1,0 +1,122 @@
+"""Multi-process runs: ``jax.distributed`` set up from flags, the environment or SLURM.
+
+Where the settings come from, first match wins:
+
+1. flags ``--coordinator_address=host:port --num_processes=N --process_id=i``;
+2. environment ``BOOST_JAX_COORDINATOR`` (host:port), ``BOOST_JAX_NUM_PROCESSES``,
+   ``BOOST_JAX_PROCESS_ID``;
+3. SLURM (``SLURM_NTASKS > 1``): rank ``SLURM_PROCID`` of ``SLURM_NTASKS``, coordinator on the
+   first host of ``SLURM_JOB_NODELIST`` at port ``BOOST_JAX_COORDINATOR_PORT`` (default
+   12355). Each task drives every GPU it sees -- JAX's own SLURM detection assumes one GPU
+   per process (``local_device_ids=[SLURM_LOCALID]``), which would hide the others when a task
+   owns a whole node; ``--local_device_ids`` overrides.
+
+A single process (none of the above) needs no initialisation. Errors are one line before any
+compilation: a process count the mesh cannot use, or a coordinator that does not answer within
+``--distributed_timeout`` seconds (checked with a plain TCP connection first, because JAX
+aborts the process rather than raising when registration times out). Once running, a process
+whose peer died is terminated by JAX after ``--heartbeat_timeout`` seconds, so no process waits
+forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import time
+
+from boost_jax.config import ConfigError
+
+DEFAULT_PORT = 12355
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """How this process joins a multi-process run."""
+
+    coordinator: str  # host:port
+    num_processes: int
+    process_id: int
+    local_device_ids: tuple[int, ...] | None = None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu[012-015,20],cpu1`` -> ``gpu012``."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if m is None:
+        raise ConfigError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    return prefix + (re.split(r"[,-]", ranges)[0] if ranges else "")
+
+
+def detect(coordinator: str | None = None, num_processes: int | None = None,
+           process_id: int | None = None, local_device_ids: str | None = None,
+           environ: dict | None = None) -> Cluster | None:
+    """The cluster this process belongs to, or None for a single-process run."""
+    env = os.environ if environ is None else environ
+    ids = tuple(int(i) for i in local_device_ids.split(",")) if local_device_ids else None
+    coordinator = coordinator or env.get("BOOST_JAX_COORDINATOR")
+    if num_processes is None and "BOOST_JAX_NUM_PROCESSES" in env:
+        num_processes = int(env["BOOST_JAX_NUM_PROCESSES"])
+    if process_id is None and "BOOST_JAX_PROCESS_ID" in env:
+        process_id = int(env["BOOST_JAX_PROCESS_ID"])
+    if coordinator is None and int(env.get("SLURM_NTASKS", "1")) > 1:
+        port = int(env.get("BOOST_JAX_COORDINATOR_PORT", DEFAULT_PORT))
+        coordinator = f"{first_slurm_host(env['SLURM_JOB_NODELIST'])}:{port}"
+        num_processes = num_processes or int(env["SLURM_NTASKS"])
+        process_id = int(env["SLURM_PROCID"]) if process_id is None else process_id
+    if coordinator is None:
+        if (num_processes or 1) > 1:
+            raise ConfigError(f"--num_processes={num_processes} needs --coordinator_address")
+        return None
+    if num_processes is None or process_id is None:
+        raise ConfigError("a multi-process run needs --num_processes and --process_id with "
+                          f"--coordinator_address={coordinator}")
+    if not 0 <= process_id < num_processes:
+        raise ConfigError(f"--process_id={process_id} is not in [0, {num_processes})")
+    if ":" not in coordinator:
+        raise ConfigError(f"--coordinator_address={coordinator!r} must be host:port")
+    return Cluster(coordinator, num_processes, process_id, ids)
+
+
+def wait_for_coordinator(address: str, timeout: float) -> None:
+    """Return once ``address`` accepts TCP connections; ConfigError after ``timeout`` s."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(2.0, timeout)):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"could not reach the coordinator at {address} within "
+                                  f"{timeout:g} s ({err.strerror or err})") from None
+            time.sleep(0.5)
+
+
+def initialize(cluster: Cluster, devices_needed: int, timeout: float,
+               heartbeat_timeout: int) -> int:
+    """Join the run (before JAX touches any device); returns this process's device count.
+
+    On a CPU-only host each process simulates ``devices_needed / num_processes`` devices (and
+    talks to its peers through gloo); that count must be whole.
+    """
+    import jax
+
+    from boost_jax.parallel.mesh import request_host_devices
+
+    if devices_needed % cluster.num_processes:
+        raise ConfigError(f"the mesh needs {devices_needed} devices, which {cluster.num_processes}"
+                          " processes cannot share evenly")
+    local = devices_needed // cluster.num_processes
+    request_host_devices(local)  # only the CPU backend reads it
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if cluster.process_id != 0:  # process 0 hosts the coordinator itself
+        wait_for_coordinator(cluster.coordinator, timeout)
+    jax.distributed.initialize(
+        coordinator_address=cluster.coordinator, num_processes=cluster.num_processes,
+        process_id=cluster.process_id, local_device_ids=cluster.local_device_ids,
+        initialization_timeout=int(timeout), heartbeat_timeout_seconds=heartbeat_timeout)
+    return local
