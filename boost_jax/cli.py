@@ -53,11 +53,12 @@ def _setup(config: Config) -> None:
 
     cluster = distributed.detect(FLAGS.coordinator_address, FLAGS.num_processes,
                                  FLAGS.process_id, FLAGS.local_device_ids)
+    local = config.parallel.num_devices
     if cluster is None:
-        request_host_devices(config.parallel.num_devices)  # before JAX starts its backends
+        request_host_devices(local)  # before JAX starts its backends
     else:
-        distributed.initialize(cluster, config.parallel.num_devices, FLAGS.distributed_timeout,
-                               FLAGS.heartbeat_timeout)
+        local = distributed.initialize(cluster, local, FLAGS.distributed_timeout,
+                                       FLAGS.heartbeat_timeout)
     import jax
 
     if jax.process_index() > 0:  # logs and metrics come from process 0
@@ -66,8 +67,9 @@ def _setup(config: Config) -> None:
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
     if jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
-        logging.info("no accelerator: simulating %d CPU devices for the (data, pipe, tensor) "
-                     "mesh %s", config.parallel.num_devices, config.parallel.shape)
+        logging.info("no accelerator: simulating %d CPU devices%s for the (data, pipe, tensor) "
+                     "mesh %s", local, f" in each of {jax.process_count()} processes"
+                     if jax.process_count() > 1 else "", config.parallel.shape)
 
 
 def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
