@@ -6,10 +6,11 @@ import pytest
 
 from boost_jax.config import load_config, parse_gin
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.gin"))
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.gin"))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_config_file_is_valid(path):
     parse_gin(files=[str(path)])
     cfg = load_config()
@@ -18,12 +19,12 @@ def test_config_file_is_valid(path):
 
 def test_default_gin_is_the_code_default():
     code_default = load_config()
-    parse_gin(files=[str(CONFIGS[0].parent / "default.gin")])
+    parse_gin(files=[str(CONFIGS_DIR / "default.gin")])
     assert load_config() == code_default
 
 
 def test_golden_values():
-    parse_gin(files=[str(CONFIGS[0].parent / "cola_60m_c4.gin")])
+    parse_gin(files=[str(CONFIGS_DIR / "cola_60m_c4.gin")])
     cfg = load_config()
     assert (cfg.model.d_model, cfg.model.attn_rank, cfg.model.only_lr_act) == (512, 128, False)
     assert (cfg.train.learning_rate, cfg.train.warmup_steps, cfg.train.dtype) == \
