@@ -24,12 +24,12 @@ def _reference(arch):
     return model, params, inputs, targets, loss_and_grads(model, SINGLE, params, inputs, targets)
 
 
-def _check(arch, mesh, schedule, repeats, microbatches):
+def _check(arch, mesh, schedule, repeats, microbatches, remat="none"):
     model, params, inputs, targets, (ref_loss, ref_grads) = _reference(arch)
     data, pipe, tensor = mesh
     parallel = Parallel(data=data, pipe=pipe, tensor=tensor, tp_plan=PLANS[arch],
                         pipeline_schedule=schedule, pipeline_repeats=repeats,
-                        microbatches=microbatches)
+                        microbatches=microbatches, remat=remat)
     loss, grads = loss_and_grads(model, parallel, params, inputs, targets)
     assert rel_err(loss, ref_loss) <= 1e-5
     assert tree_rel_err(grads, ref_grads) <= 1e-5
@@ -55,6 +55,11 @@ DEFAULT = [("cola", (2, 2, 2), "gpipe", 1, 2), ("cola", (1, 4, 2), "gpipe", 1, 4
 @pytest.mark.parametrize("arch, mesh, schedule, repeats, microbatches", DEFAULT)
 def test_pipeline_matches_single_device(arch, mesh, schedule, repeats, microbatches):
     _check(arch, mesh, schedule, repeats, microbatches)
+
+
+@pytest.mark.parametrize("remat", ["lowrank", "full"])
+def test_remat_inside_stages(remat):
+    _check("cola", (2, 2, 2), "circular", 2, 2, remat)
 
 
 @pytest.mark.slow
