@@ -68,22 +68,43 @@ class Comm:
     steps: dict[str, float]
 
 
-def _layer(model: Model, parallel: Parallel) -> tuple[float, float, int]:
-    """(forward, backward) tensor elements per layer per token; forward statistic count."""
+Collectives = list[tuple[float, int]]  # (elements per token, bytes per element)
+
+
+def layer_collectives(model: Model, parallel: Parallel, dtype: str = "float32"
+                      ) -> tuple[Collectives, Collectives]:
+    """The tensor-axis collectives of one decoder layer, forward and backward: elements per
+    token and bytes per element of each (the sizes the performance model times; their sums
+    are the table above)."""
     d, dkv, dff, ra, rm = model.d_model, model.d_kv, model.d_ff, model.attn_rank, model.mlp_rank
+    act = 2 if dtype == "bfloat16" else 4
     grouped = parallel.grouping
     plan = parallel.tp_plan if parallel.tensor > 1 else "none"
     if plan == "none":
-        return 0.0, 0.0, 0
-    if plan == "fullrank":
-        return 2 * d, 2 * d if grouped else 5 * d, 0
-    if plan == "vanilla":
-        return 3 * d + 2 * dkv + 2 * dff, (3 * d + dff) if grouped else (6 * d + dff), 0
-    latents = 4 * ra + 3 * rm  # btp: q, k, v, o latents + gate, up, down latents
-    norms = 2 if grouped else 5  # norm_down collectives per layer (one per grouped A factor)
-    if parallel.rmsnorm == "online":
-        return latents + norms, latents, norms
-    return latents + norms, latents + norms, norms
+        return [], []
+    if plan == "fullrank":  # g after o and down; f at the q/k/v and gate/up inputs
+        fwd, bwd = [d, d], ([d, d] if grouped else [d] * 5)
+        fwd, bwd = [(w, act) for w in fwd], [(w, act) for w in bwd]
+    elif plan == "vanilla":  # every B output; f at every A input
+        fwd = [d, 2 * dkv, d, 2 * dff, d] if grouped else [d, dkv, dkv, d, dff, dff, d]
+        bwd = [d, d, d, dff] if grouped else [d] * 6 + [dff]
+        fwd, bwd = [(w, act) for w in fwd], [(w, act) for w in bwd]
+    else:  # btp: latents (+ the online statistic); f at every B input
+        widths = [3 * ra, ra, 2 * rm, rm] if grouped else [ra] * 4 + [rm] * 3
+        norms = (0, 2) if grouped else (0, 1, 2, 4, 5)  # the norm_down collectives
+        bwd = [(w, act) for w in widths]
+        if parallel.rmsnorm == "online":
+            payload = 4 if parallel.norm_payload == "float32" else act
+            fwd = [(w + 1, payload) if i in norms else (w, act) for i, w in enumerate(widths)]
+        else:  # sync: the statistic's fp32 all-reduce, once per norm (the members' copies are
+            # one value), and in the backward pass one per norm_down (their cotangents differ)
+            fwd = [(w, act) for w in widths] + [(1, 4)] * 2
+            bwd = bwd + [(1, 4)] * len(norms)
+    if parallel.remat == "full":
+        # the recomputed forward replays its collectives, except the last one (down's output,
+        # which only the next block reads) when it is full-width (vanilla, fullrank)
+        bwd = bwd + (fwd if plan == "btp" else fwd[:-1])
+    return fwd, bwd
 
 
 def schedule(model: Model, parallel: Parallel, batch: int, seq_len: int) -> dict[str, int]:
@@ -110,22 +131,10 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
     """The analytic communication of a train step (see the module docstring)."""
     tokens = batch // parallel.data * seq_len
     run = schedule(model, parallel, batch, seq_len)
-    fwd, bwd, stats = _layer(model, parallel)
-    act = 2 if dtype == "bfloat16" else 4
-    online = parallel.tp_plan == "btp" and parallel.rmsnorm == "online"
-    stat_bytes = act if online and parallel.norm_payload == "compute" else 4
-    if online and parallel.norm_payload == "float32":  # the fused q/k/v, gate/up payloads
-        fused = 3 * model.attn_rank + 2 * model.mlp_rank + stats
-        fwd_bytes = 4 * fused + act * (fwd - fused)
-    else:
-        fwd_bytes = act * (fwd - stats) + stat_bytes * stats
-    bwd_stats = stats if (parallel.tp_plan == "btp" and parallel.rmsnorm == "sync") else 0
-    bwd_bytes = act * (bwd - bwd_stats) + 4 * bwd_stats
-    if parallel.remat == "full" and parallel.tensor > 1:
-        # the recomputed forward replays its collectives, except the last one (down's output,
-        # which only the next block reads) when it is full-width (vanilla, fullrank)
-        unused = 0 if parallel.tp_plan == "btp" else model.d_model
-        bwd, bwd_bytes = bwd + fwd - unused, bwd_bytes + fwd_bytes - act * unused
+    fwd_list, bwd_list = layer_collectives(model, parallel, dtype)
+    fwd, bwd = sum(e for e, _ in fwd_list), sum(e for e, _ in bwd_list)
+    fwd_bytes = sum(e * b for e, b in fwd_list)
+    bwd_bytes = sum(e * b for e, b in bwd_list)
     d = model.d_model
     steps: dict[str, float] = collections.defaultdict(float)
     if parallel.tensor > 1:
@@ -136,6 +145,16 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
     if parallel.pipe > 1:  # the residual (shard) of a microbatch moves forward and back
         d_local = d // parallel.tensor if parallel.tp_plan == "btp" else d
         steps["pipe"] += 2 * run["iterations"] * run["tokens"] * d_local
+    stage_local, global_local = local_parameters(model, parallel)
+    if parallel.data > 1:
+        steps["data"] += stage_local
+    if (key := _axes(("data", parallel.data), ("pipe", parallel.pipe))):
+        steps[key] += global_local + 1  # + the loss
+    return Comm(fwd, bwd, fwd_bytes, bwd_bytes, run["looped"], dict(steps))
+
+
+def local_parameters(model: Model, parallel: Parallel) -> tuple[int, int]:
+    """Parameters one device holds: ``(block parameters of its stage, the others)``."""
     plan = get_plan(parallel)
     stage_local = global_local = 0
     for spec_def in abstract_model(model)[1].values():
@@ -145,11 +164,7 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
             stage_local += size // parallel.pipe
         else:
             global_local += size
-    if parallel.data > 1:
-        steps["data"] += stage_local
-    if (key := _axes(("data", parallel.data), ("pipe", parallel.pipe))):
-        steps[key] += global_local + 1  # + the loss
-    return Comm(fwd, bwd, fwd_bytes, bwd_bytes, run["looped"], dict(steps))
+    return stage_local, global_local
 
 
 def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: int,

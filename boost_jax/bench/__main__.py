@@ -1,11 +1,11 @@
-"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat."""
+"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model."""
 
 from absl import app, flags
 
-from boost_jax.bench import remat, tp
+from boost_jax.bench import model, remat, tp
 from boost_jax.cli import define_gin_flags
 
-BENCHMARKS = {"tp": tp.main, "remat": remat.main}
+BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main}
 
 
 def define_flags() -> None:
@@ -15,6 +15,11 @@ def define_flags() -> None:
                       "remat policies to compare")
     flags.DEFINE_integer("steps", 3, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
+    flags.DEFINE_bool("paper", False, "model: the paper's rows, measured beside predicted")
+    flags.DEFINE_string("hardware", "a100_80gb_4gpu", "model: hardware profile")
+    flags.DEFINE_multi_string("hw_override", [], "model: field=value of the hardware profile")
+    flags.DEFINE_multi_string("eff_override", [], "model: field=value of the efficiency "
+                              "constants")
 
 
 def main(argv):

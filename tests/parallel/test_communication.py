@@ -68,11 +68,21 @@ def test_fullrank_megatron():
 
 
 @pytest.mark.parametrize("arch, plan, options", [
-    ("svd", "btp", dict(grouping=False)), ("lax", "btp", {}), ("dense", "fullrank",
-                                                               dict(grouping=False)),
-    ("svd", "vanilla", dict(grouping=False))])
+    ("svd", "btp", dict(grouping=False)), ("lax", "btp", {}),
+    ("dense", "fullrank", dict(grouping=False)), ("svd", "vanilla", dict(grouping=False)),
+    ("cola", "btp", dict(rmsnorm="sync", grouping=False)),
+    ("cola", "btp", dict(rmsnorm="sync", grouping=False, remat="full")),
+    ("cola", "btp", dict(norm_payload="float32", remat="full")),
+])
 def test_report_check_other_variants(arch, plan, options):
     assert _report(arch, plan, **options)["check"] == []
+
+
+def test_report_check_in_bfloat16():
+    rep = build_report(Config(tiny("cola"), Parallel(data=2, tensor=4, remat="full"),
+                              Train(batch_size=BATCH, seq_len=SEQ, dtype="bfloat16"), Data()))
+    assert rep["check"] == []
+    assert rep["measured"]["layer_fwd_bytes"] == 2 * rep["measured"]["layer_fwd"]
 
 
 def test_data_axis_is_one_fp32_gradient_reduction_per_step():
