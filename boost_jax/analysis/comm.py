@@ -168,19 +168,20 @@ def local_parameters(model: Model, parallel: Parallel) -> tuple[int, int]:
 
 
 def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: int,
-            seq_len: int) -> Comm:
+            seq_len: int, model_only: bool = True) -> Comm:
     """The same quantities read from compiled-HLO collectives (:func:`hlo.collectives`).
 
     Layer collectives are the tensor-axis ones inside a ``while`` loop whose trip count is the
-    number of layers per loop; only collectives of the model's ``shard_map`` region count (the
-    optimizer's reductions are not the plan's traffic).
+    number of layers per loop. With ``model_only`` only collectives of the model's
+    ``shard_map`` region count (the optimizer's reductions are not the plan's traffic); a GSPMD
+    program has no such region, so everything counts there.
     """
     run = schedule(model, parallel, batch, seq_len)
     looped = run["looped"]
     layer = dict(fwd=0.0, bwd=0.0, fwd_bytes=0.0, bwd_bytes=0.0)
     steps: dict[str, float] = collections.defaultdict(float)
     for c in colls:
-        if "shard_map" not in c.op_name or not c.axes:  # (size-1 groups move nothing)
+        if (model_only and "shard_map" not in c.op_name) or not c.axes:  # size-1 groups: none
             continue
         steps[",".join(c.axes)] += c.count * c.elements
         if c.axes == ("tensor",) and looped and c.trips and c.trips[-1] == looped:

@@ -3,4 +3,6 @@ measured here, never asserted in tests).
 
 * ``tp`` -- the three tensor-parallel plans side by side (bench/tp.py).
 * ``remat`` -- the activation-checkpointing policies side by side (bench/remat.py).
+* ``model`` -- the performance model; ``--paper`` against the paper's rows (bench/model.py).
+* ``step`` -- the plans and their GSPMD baselines, with bench.json and figures (bench/step.py).
 """

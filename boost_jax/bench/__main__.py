@@ -1,11 +1,11 @@
-"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model."""
+"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step."""
 
 from absl import app, flags
 
-from boost_jax.bench import model, remat, tp
+from boost_jax.bench import model, remat, step, tp
 from boost_jax.cli import define_gin_flags
 
-BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main}
+BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main}
 
 
 def define_flags() -> None:
@@ -13,7 +13,9 @@ def define_flags() -> None:
     flags.DEFINE_list("plans", ["fullrank", "vanilla", "btp"], "tensor-parallel plans to compare")
     flags.DEFINE_list("policies", ["none", "full", "lowrank", "lowrank_attn"],
                       "remat policies to compare")
-    flags.DEFINE_integer("steps", 3, "timed steps per configuration (after one warm-up step)")
+    flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
+    flags.DEFINE_list("rows", [r for r, _, _ in step.ROWS], "step: rows to run")
+    flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
     flags.DEFINE_bool("paper", False, "model: the paper's rows, measured beside predicted")
     flags.DEFINE_string("hardware", "a100_80gb_4gpu", "model: hardware profile")

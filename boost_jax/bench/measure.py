@@ -8,9 +8,10 @@ import time
 from boost_jax.config import Config
 
 
-def measure(config: Config, steps: int) -> dict:
+def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     """The communication report of ``config``'s compiled train step plus its median time over
-    ``steps`` steps on random tokens (after one warm-up step)."""
+    ``steps`` steps on random tokens (after one warm-up step); ``gspmd``: the GSPMD baseline
+    with the plan's parameter shardings."""
     import jax
     import numpy as np
 
@@ -18,8 +19,8 @@ def measure(config: Config, steps: int) -> dict:
     from boost_jax.train.step import init_state
 
     t = config.train
-    model, tx, compiled = compile_step(config)
-    rep = build_report(config, compiled=compiled, mesh=model.mesh)
+    model, tx, compiled = compile_step(config, gspmd=gspmd)
+    rep = build_report(config, compiled=compiled, mesh=model.mesh, gspmd=gspmd)
     state = init_state(model, tx, t.seed)
     rng = np.random.default_rng(0)
     times = []

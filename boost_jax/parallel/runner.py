@@ -19,12 +19,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.config import Model, Parallel
+from boost_jax.config import ConfigError, Model, Parallel
 from boost_jax.models.decoder import abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
 from boost_jax.parallel.plans import get_plan
-from boost_jax.parallel.plans.base import DATA, PIPE
+from boost_jax.parallel.plans.base import DATA, PIPE, Plan
 
 BATCH_SPEC = P(DATA, None)
 
@@ -37,7 +37,8 @@ def map_blocks(tree, fn):
 
 
 class ShardedModel:
-    """The decoder for ``model`` laid out on ``mesh`` by the plan of ``parallel``.
+    """The decoder for ``model`` laid out on ``mesh`` by the plan of ``parallel`` (or, with
+    ``gspmd=True``, only its parameter shardings, for the GSPMD baseline).
 
     Block parameters live in the pipeline's stage layout (``[R, L/R, ...]`` for the circular
     schedule, else ``[L, ...]``); checkpoints hold the canonical ``[L, ...]`` layout
@@ -49,9 +50,16 @@ class ShardedModel:
       dtype: compute dtype (parameters stay fp32 and are cast inside the region).
     """
 
-    def __init__(self, model: Model, parallel: Parallel, mesh: Mesh, dtype=jnp.float32):
+    def __init__(self, model: Model, parallel: Parallel, mesh: Mesh, dtype=jnp.float32,
+                 gspmd: bool = False):
         self.cfg, self.parallel, self.mesh, self.dtype = model, parallel, mesh, jnp.dtype(dtype)
         self.plan = get_plan(parallel)
+        #: the baseline a JAX user has for free: the plan's parameter shardings only, the model
+        #: run as one global program under jit, and GSPMD choosing every collective
+        self.gspmd = gspmd
+        if gspmd and (parallel.pipe > 1 or parallel.microbatches > 1):
+            raise ConfigError("the GSPMD baseline runs without a pipeline (Parallel.pipe=1, "
+                              "microbatches=1)")
         self.graph, self.defs = abstract_model(model)
         self.pipelined = parallel.pipe > 1 or parallel.microbatches > 1
         self.repeats = parallel.repeats
@@ -109,6 +117,10 @@ class ShardedModel:
         int ``[batch, seq]`` on ``data``)."""
         n_tokens = math.prod(inputs.shape)
         par = self.parallel
+        if self.gspmd:
+            model = bind(self.cfg, params, self.dtype)
+            local = Plan(self.plan.grouped, self.plan.remat)
+            return jnp.sum(model.token_loss(inputs, targets, local)) / n_tokens
 
         def local(params, inputs, targets):
             model = bind(self.cfg, self._varying(params), self.dtype)

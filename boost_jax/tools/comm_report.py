@@ -38,15 +38,16 @@ def define_flags() -> None:
 GIB = 2**30
 
 
-def _where(c, scanned: int) -> str:
-    if "shard_map" not in c.op_name:
+def _where(c, scanned: int, gspmd: bool) -> str:
+    # the model's collectives run inside value_and_grad ("jvp"), and in its shard_map region
+    if "jvp(" not in c.op_name or not (gspmd or "shard_map" in c.op_name):
         return "optimizer"
     return "layer" if scanned and c.trips and c.trips[-1] == scanned else "step"
 
 
-def compile_step(config: Config, devices=None):
+def compile_step(config: Config, devices=None, gspmd: bool = False):
     """``(sharded model, optimizer, compiled train step)`` for ``config`` (abstract inputs), on
-    ``devices`` (default: all, which must match the mesh)."""
+    ``devices`` (default: all, which must match the mesh); ``gspmd``: the GSPMD baseline."""
     import jax.numpy as jnp
 
     from boost_jax.parallel.mesh import make_mesh
@@ -56,33 +57,34 @@ def compile_step(config: Config, devices=None):
 
     t = config.train
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel, devices),
-                         jnp.dtype(t.dtype))
+                         jnp.dtype(t.dtype), gspmd=gspmd)
     tx, schedule = make_optimizer(t)
     return model, tx, compile_train_step(model, tx, schedule, t.batch_size, t.seq_len)
 
 
 def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None,
-                 devices=None) -> dict:
+                 devices=None, gspmd: bool = False) -> dict:
     """Collect the report's numbers (a JSON-able dict) for the configured train step, compiling
-    it (on ``devices``) unless ``compiled`` (with its ``mesh``) is given."""
+    it (on ``devices``) unless ``compiled`` (with its ``mesh``) is given. ``gspmd``: the step
+    is the GSPMD baseline (every collective counts; the formula is not expected to hold)."""
     from boost_jax.analysis.comm import measure, predict, schedule
     from boost_jax.analysis.hlo import collectives, totals
 
     m, par, t = config.model, config.parallel, config.train
     if compiled is None:
-        model, _, compiled = compile_step(config, devices)
+        model, _, compiled = compile_step(config, devices, gspmd)
         mesh = model.mesh
     hlo = compiled.as_text()
     if dump_hlo:
         with open(dump_hlo, "w") as f:
             f.write(hlo)
     colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
-    measured = measure(colls, m, par, t.batch_size, t.seq_len)
+    measured = measure(colls, m, par, t.batch_size, t.seq_len, model_only=not gspmd)
     predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype)
     scanned = schedule(m, par, t.batch_size, t.seq_len)["looped"]
     rows = collections.Counter(
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,
-         "bwd" if c.backward else "fwd", _where(c, scanned)) for c in colls)
+         "bwd" if c.backward else "fwd", _where(c, scanned, gspmd)) for c in colls)
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
