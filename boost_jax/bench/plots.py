@@ -46,7 +46,7 @@ def bars(values: dict[str, float], ylabel: str, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def scaling(rows: list[dict], path: Path) -> None:
+def scaling(rows: list[dict], path: Path, hardware: str) -> None:
     """Predicted (lines) and the paper's measured (points) iteration time over GPU count."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     gpus = [r["gpus"] for r in rows]
@@ -58,7 +58,7 @@ def scaling(rows: list[dict], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus, [f"{r['row']}\n{r['gpus']} GPU" for r in rows], fontsize=7)
     ax.set_ylabel("seconds per iteration")
-    ax.set_title("weak scaling, A100 (model vs the BOOST paper)", fontsize=9)
+    ax.set_title(f"weak scaling: model on {hardware} vs the BOOST paper (A100)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

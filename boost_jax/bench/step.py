@@ -105,7 +105,7 @@ def _figures(config: Config, rows: list[dict], out: Path) -> list[str]:
     plots.bars({r["row"]: r["tp_bytes_per_layer_token"] for r in rows},
                "tensor-axis bytes / layer / token", "measured from the compiled HLO "
                "(forward + backward)", out / "comm_per_layer.png")
-    plots.scaling(compare(WEAK_SCALING, hw, eff), out / "scaling.png")
+    plots.scaling(compare(WEAK_SCALING, hw, eff), out / "scaling.png", hw.name)
     return ["time_breakdown.png", "comm_per_layer.png", "scaling.png"]
 
 
