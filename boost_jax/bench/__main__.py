@@ -3,6 +3,7 @@
 from absl import app, flags
 
 from boost_jax.bench import model, remat, step, tp
+from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
 
 BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main}
@@ -10,11 +11,11 @@ BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": s
 
 def define_flags() -> None:
     define_gin_flags()
-    flags.DEFINE_list("plans", ["fullrank", "vanilla", "btp"], "tensor-parallel plans to compare")
+    flags.DEFINE_list("plans", list(ROWS), "tp, step: rows to compare, from "
+                      f"{', '.join(ROWS)}")
     flags.DEFINE_list("policies", ["none", "full", "lowrank", "lowrank_attn"],
                       "remat policies to compare")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
-    flags.DEFINE_list("rows", [r for r, _, _ in step.ROWS], "step: rows to run")
     flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
     flags.DEFINE_bool("paper", False, "model: the paper's rows, measured beside predicted")

@@ -1,11 +1,31 @@
-"""Compile, inspect and time one configuration's train step (shared by the benchmarks)."""
+"""Compile, inspect and time one configuration's train step (shared by the benchmarks), and
+the benchmark rows: the explicit plans and their GSPMD baselines."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
-from boost_jax.config import Config
+from boost_jax.config import Config, ConfigError
+
+#: benchmark row -> (tensor-parallel plan, GSPMD baseline?). A GSPMD row is plain ``jax.jit``
+#: with the plan's parameter shardings and nothing else: GSPMD chooses every collective.
+ROWS = {"fullrank": ("fullrank", False), "vanilla": ("vanilla", False), "btp": ("btp", False),
+        "gspmd-megatron": ("fullrank", True), "gspmd-vanilla": ("vanilla", True),
+        "gspmd-btp": ("btp", True)}
+
+
+def row_config(config: Config, row: str) -> tuple[Config, bool]:
+    """``(config, gspmd)`` of one benchmark row: the dense model for the Megatron rows, the
+    configured low-rank arch (CoLA if dense is configured) for the others."""
+    if row not in ROWS:
+        raise ConfigError(f"unknown benchmark row {row!r}; choose from {', '.join(ROWS)}")
+    plan, gspmd = ROWS[row]
+    low = config.model.arch if config.model.arch != "dense" else "cola"
+    model = dataclasses.replace(config.model, arch="dense" if plan == "fullrank" else low)
+    return Config(model, dataclasses.replace(config.parallel, tp_plan=plan), config.train,
+                  config.data), gspmd
 
 
 def measure(config: Config, steps: int, gspmd: bool = False) -> dict:

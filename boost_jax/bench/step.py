@@ -4,9 +4,10 @@ on the devices this host has (simulated CPU devices here, GPUs elsewhere).
 Rows: ``fullrank`` (dense), ``vanilla`` and ``btp`` (the configured low-rank arch) as explicit
 ``shard_map`` plans, and ``gspmd-megatron`` / ``gspmd-vanilla`` / ``gspmd-btp``: plain
 ``jax.jit`` with the same parameter shardings and nothing else, GSPMD choosing every
-collective. Each row: median step time over ``--steps`` steps, tokens/s, MFU (analytic FLOPs;
-needs a known device peak or ``Train.peak_tflops``), compiled temporary memory, tensor-axis
-collectives and bytes per step and per layer per token, read from the compiled HLO.
+collective (``--plans`` picks a subset). Each row: median step time over ``--steps`` steps,
+tokens/s, MFU (analytic FLOPs; needs a known device peak or ``Train.peak_tflops``), compiled
+temporary memory, tensor-axis collectives and bytes per step and per layer per token, read from
+the compiled HLO.
 
 Writes ``--out``/bench.json and three figures: ``time_breakdown.png`` (the performance model's
 compute / communication / bubble split of the configured run on ``--hardware``, one bar per
@@ -18,14 +19,13 @@ fp32.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 from pathlib import Path
 
 from absl import flags, logging
 
-from boost_jax.bench.measure import measure
+from boost_jax.bench.measure import measure, row_config
 from boost_jax.cli import run_command
 from boost_jax.config import Config
 
@@ -33,16 +33,6 @@ FLAGS = flags.FLAGS
 
 DEFAULTS = ["Model.size='small'", "Parallel.data=2", "Parallel.tensor=4", "Train.batch_size=16",
             "Train.seq_len=128", "Train.dtype='float32'"]
-ROWS = [("fullrank", "fullrank", False), ("vanilla", "vanilla", False), ("btp", "btp", False),
-        ("gspmd-megatron", "fullrank", True), ("gspmd-vanilla", "vanilla", True),
-        ("gspmd-btp", "btp", True)]
-
-
-def _variant(config: Config, plan: str) -> Config:
-    low = config.model.arch if config.model.arch != "dense" else "cola"
-    model = dataclasses.replace(config.model, arch="dense" if plan == "fullrank" else low)
-    return Config(model, dataclasses.replace(config.parallel, tp_plan=plan), config.train,
-                  config.data)
 
 
 def bench_row(config: Config, label: str, gspmd: bool, steps: int, peak: float | None) -> dict:
@@ -95,7 +85,7 @@ def _figures(config: Config, rows: list[dict], out: Path) -> list[str]:
     t = config.train
     breakdown = {}
     for plan in ("fullrank", "vanilla", "btp"):
-        v = _variant(config, plan)
+        v, _ = row_config(config, plan)
         breakdown[plan] = predict(v.model, v.parallel, t.batch_size, t.seq_len, hw, eff,
                                   t.dtype).breakdown
     m = config.model
@@ -118,11 +108,11 @@ def _run(config: Config) -> int:
     peak = (t.peak_tflops * 1e12 if t.peak_tflops
             else peak_flops(jax.devices()[0].device_kind, t.dtype))
     rows = []
-    for label, plan, gspmd in ROWS:
-        if label in FLAGS.rows:
-            logging.info("bench step: %s", label)
-            rows.append(bench_row(_variant(config, plan), label, gspmd, FLAGS.steps, peak))
-            gc.collect()
+    variants = [(label, *row_config(config, label)) for label in FLAGS.plans]
+    for label, variant, gspmd in variants:
+        logging.info("bench step: %s", label)
+        rows.append(bench_row(variant, label, gspmd, FLAGS.steps, peak))
+        gc.collect()
     out = Path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
     figures = _figures(config, rows, out)

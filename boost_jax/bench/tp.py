@@ -5,21 +5,22 @@ layers, on whatever devices exist (simulated CPU devices on a host without an ac
 For each plan it compiles the real train step (AdamW included), reads its collectives from the
 compiled HLO, and times it on random tokens: TP bytes per layer per step (forward + backward),
 tensor-axis collectives per step, analytic model FLOPs, compiled temporary memory, median step
-time and tokens/s. Gin flags apply to every plan (e.g. ``--gin_param=Model.n_layers=4``);
-``--plans`` picks a subset. Defaults: 2 layers, batch 4 x seq 128, fp32, mesh data=2 x
+time and tokens/s. Rows: the explicit plans and their GSPMD baselines (``gspmd-megatron``,
+``gspmd-vanilla``, ``gspmd-btp``: plain ``jax.jit`` with the plan's parameter shardings only).
+Gin flags apply to every row (e.g. ``--gin_param=Model.n_layers=4``); ``--plans`` picks a
+subset. Defaults: 2 layers, batch 4 x seq 128, fp32, mesh data=2 x
 tensor=4 (8 devices); the dense model with AdamW then needs about 20 GB of host memory --
 ``--gin_param=Parallel.data=1`` halves that.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 
 from absl import flags
 
-from boost_jax.bench.measure import measure
+from boost_jax.bench.measure import measure, row_config
 from boost_jax.cli import run_command
 from boost_jax.config import Config
 
@@ -29,20 +30,14 @@ DEFAULTS = ["Model.size='7b'", "Model.n_layers=2", "Parallel.data=2", "Parallel.
             "Train.batch_size=4", "Train.seq_len=128", "Train.dtype='float32'"]
 
 
-def _for_plan(config: Config, plan: str) -> Config:
-    arch = "dense" if plan == "fullrank" else ("cola" if config.model.arch == "dense"
-                                               else config.model.arch)
-    return Config(dataclasses.replace(config.model, arch=arch),
-                  dataclasses.replace(config.parallel, tp_plan=plan), config.train, config.data)
-
-
-def bench_plan(config: Config, steps: int) -> dict:
+def bench_plan(config: Config, steps: int, row: str | None = None, gspmd: bool = False
+               ) -> dict:
     """One row of the table: compile, measure communication, time ``steps`` train steps."""
     from boost_jax.analysis.flops import train_flops_per_token
 
-    rep = measure(config, steps)
+    rep = measure(config, steps, gspmd=gspmd)
     t, m = config.train, rep["measured"]
-    return {"plan": config.parallel.tp_plan, "arch": config.model.arch,
+    return {"plan": row or config.parallel.tp_plan, "arch": config.model.arch,
             "tp_bytes_per_layer": (m["layer_fwd_bytes"] + m["layer_bwd_bytes"])
             * rep["config"]["tokens_per_tp_group"],
             "tp_collectives_per_step": rep["per_axis"].get("tensor", {"count": 0})["count"],
@@ -54,16 +49,16 @@ def bench_plan(config: Config, steps: int) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'plan':<10}{'arch':<7}{'TP MiB/layer':>13}{'TP colls':>10}{'TFLOP/step':>12}"
+    head = (f"{'plan':<16}{'arch':<7}{'TP MiB/layer':>13}{'TP colls':>10}{'TFLOP/step':>12}"
             f"{'temp MiB':>11}{'step s':>9}{'tok/s':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['plan']:<10}{r['arch']:<7}{r['tp_bytes_per_layer'] / 2**20:>13.1f}"
+        lines.append(f"{r['plan']:<16}{r['arch']:<7}{r['tp_bytes_per_layer'] / 2**20:>13.1f}"
                      f"{r['tp_collectives_per_step']:>10}{r['model_tflop_per_step']:>12.3f}"
                      f"{r['temp_mib']:>11.0f}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>9.0f}")
     by = {r["plan"]: r for r in rows}
     if "btp" in by:
-        for other in ("vanilla", "fullrank"):
+        for other in ("vanilla", "fullrank", "gspmd-btp"):
             if other in by:
                 lines.append(f"{other}/btp: TP bytes x{by[other]['tp_bytes_per_layer'] / by['btp']['tp_bytes_per_layer']:.2f}"  # noqa: E501
                              f", step time x{by[other]['median_step_s'] / by['btp']['median_step_s']:.2f}")  # noqa: E501
@@ -72,8 +67,8 @@ def format_table(rows: list[dict]) -> str:
 
 def _run(config: Config) -> int:
     rows = []
-    for plan in FLAGS.plans:
-        rows.append(bench_plan(_for_plan(config, plan), FLAGS.steps))
+    for row, (variant, gspmd) in [(r, row_config(config, r)) for r in FLAGS.plans]:
+        rows.append(bench_plan(variant, FLAGS.steps, row, gspmd))
         gc.collect()  # one plan's parameters and optimizer state at a time
 
     print(json.dumps(rows, indent=1) if FLAGS.json else format_table(rows))

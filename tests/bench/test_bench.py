@@ -1,0 +1,53 @@
+"""The benchmark commands end to end on small shapes (structure, never timings)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from boost_jax.bench.measure import ROWS, row_config
+from boost_jax.config import Config, ConfigError, Data, Parallel, Train
+from boost_jax.testing import tiny
+
+TINY = ["--gin_param=Model.size='tiny'", "--gin_param=Train.batch_size=8",
+        "--gin_param=Train.seq_len=16"]
+
+
+def test_rows_pick_the_model_and_plan():
+    config = Config(tiny("svd"), Parallel(data=2, tensor=4), Train(), Data())
+    assert {r: (c.model.arch, c.parallel.tp_plan, g) for r in ROWS
+            for c, g in [row_config(config, r)]} == {
+        "fullrank": ("dense", "fullrank", False), "vanilla": ("svd", "vanilla", False),
+        "btp": ("svd", "btp", False), "gspmd-megatron": ("dense", "fullrank", True),
+        "gspmd-vanilla": ("svd", "vanilla", True), "gspmd-btp": ("svd", "btp", True)}
+    with pytest.raises(ConfigError, match="unknown benchmark row 'btp2'"):
+        row_config(config, "btp2")
+
+
+def test_bench_step_writes_json_and_figures(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "boost_jax.bench", "step", *TINY, "--steps=2",
+         "--plans=btp,gspmd-btp,fullrank", "--gin_param=Train.peak_tflops=1.0",
+         f"--out={tmp_path}"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "btp / gspmd-btp: step time x" in out.stdout
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["devices"] == 8
+    rows = {r["row"]: r for r in result["rows"]}
+    assert list(rows) == ["btp", "gspmd-btp", "fullrank"]
+    m = tiny("cola")
+    assert rows["btp"]["tp_elements_per_layer_token"] == 14 * m.attn_rank + 2  # online, fused
+    assert rows["fullrank"]["tp_elements_per_layer_token"] == 4 * m.d_model
+    assert rows["gspmd-btp"]["gspmd"] and not rows["btp"]["gspmd"]
+    for r in rows.values():
+        assert r["median_step_s"] > 0 and 0 < r["mfu"] and r["tp_collectives_per_step"] > 0
+    for name in result["figures"]:
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert len(result["figures"]) == 3
+
+
+def test_bench_rejects_an_unknown_row():
+    out = subprocess.run([sys.executable, "-m", "boost_jax.bench", "tp", *TINY,
+                          "--plans=btp,megatron"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown benchmark row 'megatron'" in out.stderr
