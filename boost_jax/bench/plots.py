@@ -14,21 +14,23 @@ COMPUTE = ("gemm", "attention", "elementwise", "optimizer")
 COMMUNICATION = ("tp", "pp", "dp")
 
 
-def time_breakdown(breakdowns: dict[str, dict[str, float]], title: str, path: Path) -> None:
-    """Stacked bars, one per plan: compute, communication and pipeline bubble (paper Fig. 1)."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    names = list(breakdowns)
+def time_breakdown(panels: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
+    """One panel per title, stacked bars per plan: compute, communication and pipeline bubble
+    (the paper's Fig. 1)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     parts = [("compute", COMPUTE, "#4c72b0"), ("communication", COMMUNICATION, "#dd8452"),
              ("bubble", ("bubble",), "#8c8c8c")]
-    bottom = [0.0] * len(names)
-    for label, keys, color in parts:
-        values = [1e3 * sum(breakdowns[n].get(k, 0.0) for k in keys) for n in names]
-        if any(values):
-            ax.bar(names, values, bottom=bottom, label=label, color=color)
-            bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("time per step (ms)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    for ax, (title, breakdowns) in zip(axes[0], panels.items()):
+        names = list(breakdowns)
+        bottom = [0.0] * len(names)
+        for label, keys, color in parts:
+            values = [1e3 * sum(breakdowns[n].get(k, 0.0) for k in keys) for n in names]
+            if any(values):
+                ax.bar(names, values, bottom=bottom, label=label, color=color)
+                bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_ylabel("predicted time per step (ms)")
+        ax.set_title(title, fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

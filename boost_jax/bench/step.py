@@ -10,11 +10,11 @@ temporary memory, tensor-axis collectives and bytes per step and per layer per t
 the compiled HLO.
 
 Writes ``--out``/bench.json and three figures: ``time_breakdown.png`` (the performance model's
-compute / communication / bubble split of the configured run on ``--hardware``, one bar per
-plan, like the paper's Fig. 1), ``comm_per_layer.png`` (the measured tensor-axis bytes per
-layer per token of every row) and ``scaling.png`` (the model's weak-scaling predictions against
-the paper's measurements). Defaults: the small model, data=2 x tensor=4, batch 16 x seq 128,
-fp32.
+compute / communication / bubble split per plan of the configured run and of the paper's 7B
+TP=4 row on ``--hardware``, like the paper's Fig. 1), ``comm_per_layer.png`` (the measured
+tensor-axis bytes per layer per token of every row) and ``scaling.png`` (the model's
+weak-scaling predictions against the paper's measurements). Defaults: the small model,
+data=2 x tensor=4, batch 16 x seq 128, fp32.
 """
 
 from __future__ import annotations
@@ -76,22 +76,27 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _figures(config: Config, rows: list[dict], out: Path) -> list[str]:
-    from boost_jax.analysis.paper import WEAK_SCALING, compare
+    from boost_jax.analysis.paper import WEAK_SCALING, compare, predict_row
     from boost_jax.analysis.perf_model import predict
     from boost_jax.bench import plots
     from boost_jax.bench.model import hardware_and_efficiency
 
     hw, eff = hardware_and_efficiency()
-    t = config.train
-    breakdown = {}
+    t, m = config.train, config.model
+    here = {}
     for plan in ("fullrank", "vanilla", "btp"):
         v, _ = row_config(config, plan)
-        breakdown[plan] = predict(v.model, v.parallel, t.batch_size, t.seq_len, hw, eff,
-                                  t.dtype).breakdown
-    m = config.model
-    plots.time_breakdown(breakdown, f"model: {m.size} d={m.d_model} x{m.n_layers}, mesh "
-                         f"{config.parallel.shape}, batch {t.batch_size}x{t.seq_len} on "
-                         f"{hw.name}", out / "time_breakdown.png")
+        here[plan] = predict(v.model, v.parallel, t.batch_size, t.seq_len, hw, eff,
+                             t.dtype).breakdown
+    seven_b = next(r for r in WEAK_SCALING if r.name == "7B TP4")
+    paper = {method.replace("boost", "btp"): pred.breakdown
+             for method, pred in predict_row(seven_b, hw, eff).items()}
+    plots.time_breakdown({
+        f"this run: {m.size} (d={m.d_model}, {m.n_layers} layers),\nmesh "
+        f"{dict(zip(('data', 'pipe', 'tensor'), config.parallel.shape))}, "
+        f"{t.batch_size}x{t.seq_len} tokens, on {hw.name.split(',')[0]}": here,
+        f"the paper's 7B TP=4, {seven_b.batch}x4096 tokens,\non {hw.name.split(',')[0]}":
+            paper}, out / "time_breakdown.png")
     plots.bars({r["row"]: r["tp_bytes_per_layer_token"] for r in rows},
                "tensor-axis bytes / layer / token", "measured from the compiled HLO "
                "(forward + backward)", out / "comm_per_layer.png")
