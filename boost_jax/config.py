@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Literal
 
 import gin
@@ -298,11 +299,21 @@ def _one_line(err: Exception) -> str:
 
 def parse_gin(files: Iterable[str] = (), bindings: Sequence[str] = (),
               search_paths: Iterable[str] = ()) -> None:
-    """Parse gin files and bindings; an unknown configurable or parameter is a ConfigError."""
+    """Parse gin files (as given, else under ``search_paths``) and bindings; a missing file or
+    an unknown configurable or parameter is a ConfigError."""
+    search_paths = list(search_paths)
     for path in search_paths:
-        gin.add_config_file_search_path(path)
+        gin.add_config_file_search_path(path)  # for `include` inside the files
+    found = []
+    for name in files:
+        candidates = [Path(name)] + [Path(d) / name for d in search_paths]
+        hit = next((c for c in candidates if c.is_file()), None)
+        if hit is None:
+            raise ConfigError(f"gin file {name!r} not found (looked in ., "
+                              f"{', '.join(search_paths) or 'nowhere else'})")
+        found.append(str(hit))
     try:
-        gin.parse_config_files_and_bindings(list(files), list(bindings))
+        gin.parse_config_files_and_bindings(found, list(bindings))
     except (ValueError, KeyError, OSError, SyntaxError) as err:  # gin raises these on bad input
         raise ConfigError(f"gin: {_one_line(err)}") from None
 

@@ -113,7 +113,15 @@ def test_unknown_gin_binding():
     assert "Model' doesn't have a parameter named 'depth'" in _err(
         lambda: parse_gin(bindings=["Model.depth=3"]))
     assert "No configurable matching 'Modle'" in _err(lambda: parse_gin(bindings=["Modle.arch=1"]))
-    assert "gin:" in _err(lambda: parse_gin(files=["no/such/file.gin"]))
+    assert "gin file 'no/such/file.gin' not found (looked in ., configs)" == _err(
+        lambda: parse_gin(files=["no/such/file.gin"], search_paths=["configs"]))
+
+
+def test_gin_files_are_found_under_the_search_path(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.gin").write_text("Train.steps = 11\n")
+    parse_gin(files=["sub/x.gin"], search_paths=[str(tmp_path)])
+    assert load_config().train.steps == 11
 
 
 def test_gin_bindings_reach_config():
