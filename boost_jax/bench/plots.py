@@ -60,7 +60,8 @@ def scaling(rows: list[dict], path: Path, hardware: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus, [f"{r['row']}\n{r['gpus']} GPU" for r in rows], fontsize=7)
     ax.set_ylabel("seconds per iteration")
-    ax.set_title(f"weak scaling: model on {hardware} vs the BOOST paper (A100)", fontsize=9)
+    ax.set_title(f"weak scaling: the model on {hardware.split(',')[0]}\n"
+                 "vs the BOOST paper's measurements (A100)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
