@@ -7,6 +7,9 @@ import dataclasses
 import statistics
 import time
 
+from absl import flags
+
+from boost_jax.cli import run_command
 from boost_jax.config import Config, ConfigError
 
 #: benchmark row -> (tensor-parallel plan, GSPMD baseline?). A GSPMD row is plain ``jax.jit``
@@ -56,3 +59,12 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     rep["median_step_s"] = statistics.median(times)
     rep["tokens_per_s"] = t.batch_size * t.seq_len / rep["median_step_s"]
     return rep
+
+
+def run_benchmark(name: str, argv: list[str], defaults: list[str], body) -> int:
+    """Run ``body(config)`` as ``python -m boost_jax.bench <name>``: the benchmark's default gin
+    bindings go first, so the user's ``--gin_param`` override them."""
+    if len(argv) > 1:
+        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
+    flags.FLAGS.gin_param = defaults + list(flags.FLAGS.gin_param)
+    return run_command(f"bench {name}", body)

@@ -15,8 +15,7 @@ import json
 
 from absl import flags
 
-from boost_jax.bench.measure import measure
-from boost_jax.cli import run_command
+from boost_jax.bench.measure import measure, run_benchmark
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
@@ -80,7 +79,4 @@ def _run(config: Config) -> int:
 
 
 def main(argv) -> int:
-    if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
-    FLAGS.gin_param = DEFAULTS + list(FLAGS.gin_param)
-    return run_command("bench remat", _run)
+    return run_benchmark("remat", argv, DEFAULTS, _run)

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from boost_jax.bench.measure import measure, row_config
-from boost_jax.cli import run_command
+from boost_jax.bench.measure import measure, row_config, run_benchmark
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
@@ -130,7 +129,4 @@ def _run(config: Config) -> int:
 
 
 def main(argv) -> int:
-    if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
-    FLAGS.gin_param = DEFAULTS + list(FLAGS.gin_param)
-    return run_command("bench step", _run)
+    return run_benchmark("step", argv, DEFAULTS, _run)

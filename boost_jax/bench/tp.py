@@ -20,8 +20,7 @@ import json
 
 from absl import flags
 
-from boost_jax.bench.measure import measure, row_config
-from boost_jax.cli import run_command
+from boost_jax.bench.measure import measure, row_config, run_benchmark
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
@@ -76,7 +75,4 @@ def _run(config: Config) -> int:
 
 
 def main(argv) -> int:
-    if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
-    FLAGS.gin_param = DEFAULTS + list(FLAGS.gin_param)
-    return run_command("bench tp", _run)
+    return run_benchmark("tp", argv, DEFAULTS, _run)

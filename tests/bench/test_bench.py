@@ -28,17 +28,17 @@ def test_rows_pick_the_model_and_plan():
 def test_bench_step_writes_json_and_figures(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "boost_jax.bench", "step", *TINY, "--steps=2",
-         "--plans=btp,gspmd-btp,fullrank", "--gin_param=Train.peak_tflops=1.0",
+         "--plans=btp,gspmd-btp", "--gin_param=Train.peak_tflops=1.0",
          f"--out={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "btp / gspmd-btp: step time x" in out.stdout
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["devices"] == 8
     rows = {r["row"]: r for r in result["rows"]}
-    assert list(rows) == ["btp", "gspmd-btp", "fullrank"]
-    m = tiny("cola")
-    assert rows["btp"]["tp_elements_per_layer_token"] == 14 * m.attn_rank + 2  # online, fused
-    assert rows["fullrank"]["tp_elements_per_layer_token"] == 4 * m.d_model
+    assert list(rows) == ["btp", "gspmd-btp"]
+    r = tiny("cola").attn_rank
+    assert rows["btp"]["tp_elements_per_layer_token"] == 14 * r + 2  # online RMSNorm, fused
+    assert rows["gspmd-btp"]["tp_elements_per_layer_token"] == 14 * r + 4
     assert rows["gspmd-btp"]["gspmd"] and not rows["btp"]["gspmd"]
     for r in rows.values():
         assert r["median_step_s"] > 0 and 0 < r["mfu"] and r["tp_collectives_per_step"] > 0
