@@ -38,10 +38,11 @@ def tiny(arch: str = "cola", **overrides) -> Model:
 
 
 def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
-                   dtype: str = "float32"):
+                   dtype: str = "float32", gspmd: bool = False):
     """Loss and parameter gradients of the global batch under ``parallel`` (on the first
-    ``parallel.num_devices`` devices), as host arrays; ``params`` and the gradients in the
-    canonical layout (blocks ``[L, ...]``) whatever the pipeline layout."""
+    ``parallel.num_devices`` devices; ``gspmd``: its GSPMD baseline), as host arrays;
+    ``params`` and the gradients in the canonical layout (blocks ``[L, ...]``) whatever the
+    pipeline layout."""
     import jax
     import jax.numpy as jnp
 
@@ -49,7 +50,7 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     from boost_jax.parallel.runner import ShardedModel
 
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
-    sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype))
+    sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype), gspmd=gspmd)
     p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
     x, y = (jax.device_put(v, sharded.batch_sharding) for v in (inputs, targets))
     loss, grads = jax.device_get(jax.jit(jax.value_and_grad(sharded.loss))(p, x, y))

@@ -41,10 +41,10 @@ def _problem(arch, plan, dtype="float32"):
     return model, params, inputs, targets, ref
 
 
-def _check(arch, plan, data, tensor, dtype="float32", **options):
+def _check(arch, plan, data, tensor, dtype="float32", gspmd=False, **options):
     model, params, inputs, targets, (ref_loss, ref_grads) = _problem(arch, plan, dtype)
     parallel = Parallel(data=data, tensor=tensor, tp_plan=plan, **options)
-    loss, grads = loss_and_grads(model, parallel, params, inputs, targets, dtype)
+    loss, grads = loss_and_grads(model, parallel, params, inputs, targets, dtype, gspmd)
     tol, metric = (1e-5, rel_err) if dtype == "float32" else (2e-2, norm_rel_err)
     assert rel_err(loss, ref_loss) <= tol, (loss, ref_loss)
     assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
@@ -72,6 +72,15 @@ REPRESENTATIVE = [
                          ",".join(f"{k}={x}" for k, x in v.items()))
 def test_plan_matches_single_device(arch, plan, data, tensor, options):
     _check(arch, plan, data, tensor, **options)
+
+
+@pytest.mark.parametrize("arch, plan", [
+    ("cola", "btp"), pytest.param("dense", "fullrank", marks=pytest.mark.slow),
+    pytest.param("cola", "vanilla", marks=pytest.mark.slow)])
+def test_gspmd_baseline_matches_single_device(arch, plan):
+    """The benchmarks' GSPMD rows (plain jit, the plan's parameter shardings) compute the same
+    loss and gradients."""
+    _check(arch, plan, 2, 4, gspmd=True)
 
 
 @pytest.mark.parametrize("arch, plan, options", [
