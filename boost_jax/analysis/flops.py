@@ -79,8 +79,12 @@ PEAK_FLOPS = {
 }
 
 
-def peak_flops(device_kind: str, dtype: str) -> float | None:
-    """Per-device peak for ``dtype`` ('bfloat16' or 'float32'), or None when unknown (CPU)."""
+def peak_flops(device_kind: str, dtype: str, override_tflops: float | None = None
+               ) -> float | None:
+    """Per-device peak for ``dtype`` ('bfloat16' or 'float32'), or None when unknown (CPU);
+    ``override_tflops`` (``Train.peak_tflops``), when set, wins."""
+    if override_tflops:
+        return override_tflops * 1e12
     for key, (bf16, fp32) in PEAK_FLOPS.items():
         if key in device_kind:
             return bf16 if dtype == "bfloat16" else fp32

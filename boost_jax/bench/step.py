@@ -109,8 +109,7 @@ def _run(config: Config) -> int:
     from boost_jax.analysis.flops import peak_flops
 
     t = config.train
-    peak = (t.peak_tflops * 1e12 if t.peak_tflops
-            else peak_flops(jax.devices()[0].device_kind, t.dtype))
+    peak = peak_flops(jax.devices()[0].device_kind, t.dtype, t.peak_tflops)
     rows = []
     variants = [(label, *row_config(config, label)) for label in FLAGS.plans]
     for label, variant, gspmd in variants:

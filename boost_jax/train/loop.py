@@ -191,8 +191,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     device_kind = mesh.devices.flat[0].device_kind
     logging.info("compiled the train step in %.1f s; %d steps of %d tokens on a %s mesh of %s",
                  time.perf_counter() - t0, t_cfg.steps, tokens, dict(mesh.shape), device_kind)
-    peak = (t_cfg.peak_tflops * 1e12 if t_cfg.peak_tflops
-            else peak_flops(device_kind, t_cfg.dtype))
+    peak = peak_flops(device_kind, t_cfg.dtype, t_cfg.peak_tflops)
     report = _Reporter(writer, t_cfg.steps, t_cfg.log_every, tokens,
                        train_flops_per_token(m_cfg, t_cfg.seq_len) * tokens / mesh.size, peak)
 

@@ -67,3 +67,4 @@ def test_peak_table():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", "float32") == 156e12
     assert peak_flops("cpu", "float32") is None
+    assert peak_flops("cpu", "float32", override_tflops=2.0) == 2e12
