@@ -23,3 +23,15 @@ def nothing_saveable():
     """The remat policy that saves nothing (recompute everything)."""
     policy = jax.checkpoint_policies.nothing_saveable
     return policy if callable(policy) and not isinstance(policy, type) else policy()
+
+
+def dots_saveable():
+    """The remat policy that keeps every matmul output (a function in 0.10, an instance of a
+    policy class in 0.11)."""
+    policy = jax.checkpoint_policies.dots_saveable
+    return policy() if isinstance(policy, type) else policy
+
+
+def save_from_both_policies(a, b):
+    """The remat policy that keeps what either ``a`` or ``b`` keeps."""
+    return jax.checkpoint_policies.save_from_both_policies(a, b)

@@ -24,6 +24,7 @@ RMSNORMS = ("online", "sync")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
 SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
+ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
 
 
 class ConfigError(ValueError):
@@ -130,8 +131,16 @@ class Parallel:
 
     Pipeline parallelism over ``pipe``: ``pipeline_schedule`` ``gpipe`` or ``circular``
     (``pipeline_repeats`` passes of every microbatch over the stages), ``microbatches`` per data
-    shard and step. ``zero``: ``0`` replicates the optimizer state over ``data``, ``1`` shards it
-    (ZeRO-1).
+    shard and pipeline pass.
+
+    ``grad_accum``: gradient accumulation, ``K`` micro-steps per step, each on ``1/K`` of every
+    data shard's rows (a pipeline pass each when pipelining); gradients are summed in fp32 and
+    reduced over ``data`` once.
+
+    ``zero``: how the state is laid out over ``data`` (parallel/zero.py). ``0`` replicates it;
+    ``1`` (ZeRO-1) splits the optimizer state, reduce-scatters the gradients and all-gathers
+    the updated parameters; ``3`` (FSDP) splits the parameters too and gathers each layer's
+    inside the layer loop (its gradients are reduce-scattered there).
     """
 
     data: int = 2
@@ -145,10 +154,11 @@ class Parallel:
     microbatches: int = 1
     pipeline_schedule: str = "gpipe"
     pipeline_repeats: int = 1
+    grad_accum: int = 1
     zero: int = 0
 
     def __post_init__(self):
-        for name in ("data", "pipe", "tensor", "microbatches", "pipeline_repeats"):
+        for name in ("data", "pipe", "tensor", "microbatches", "pipeline_repeats", "grad_accum"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1,
                    f"Parallel.{name}={value!r} must be a positive integer")
@@ -168,7 +178,17 @@ class Parallel:
         _check(self.pipeline_schedule == "circular" or self.pipeline_repeats == 1,
                f"Parallel.pipeline_repeats={self.pipeline_repeats} needs "
                "Parallel.pipeline_schedule='circular'")
-        _check(self.zero in (0, 1), f"Parallel.zero={self.zero!r} is not 0 or 1")
+        _check(self.repeats == 1 or self.pipe > 1,
+               f"Parallel.pipeline_repeats={self.pipeline_repeats} needs pipeline stages "
+               "(Parallel.pipe > 1)")
+        _check(self.microbatches == 1 or self.pipe > 1,
+               f"Parallel.microbatches={self.microbatches} splits a pipeline pass, but "
+               "Parallel.pipe=1; for gradient accumulation set Parallel.grad_accum instead")
+        _check(self.zero in ZERO_STAGES,
+               f"Parallel.zero={self.zero!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
+        _check(self.zero != 3 or self.pipe == 1,
+               "Parallel.zero=3 (FSDP) with pipeline parallelism is not implemented: use "
+               "Parallel.zero=1 with Parallel.pipe > 1, or Parallel.pipe=1")
 
     @property
     def repeats(self) -> int:
@@ -271,11 +291,16 @@ class Config:
 
         get_plan(self.parallel).check(self.model, self.parallel.tensor)
         par, m = self.parallel, self.model
-        if par.pipe > 1 or par.microbatches > 1:
-            per_shard = self.train.batch_size // par.data
-            _check(per_shard % par.microbatches == 0,
+        per_shard = self.train.batch_size // par.data
+        _check(per_shard % par.grad_accum == 0,
+               f"Parallel.grad_accum={par.grad_accum} does not divide the batch of a data shard "
+               f"(Train.batch_size / Parallel.data = {per_shard})")
+        if par.pipe > 1:
+            per_pass = per_shard // par.grad_accum
+            _check(per_pass % par.microbatches == 0,
                    f"Parallel.microbatches={par.microbatches} does not divide the batch of a "
-                   f"data shard (Train.batch_size / Parallel.data = {per_shard})")
+                   f"data shard's pipeline pass (Train.batch_size / Parallel.data / "
+                   f"Parallel.grad_accum = {per_pass})")
             stages = par.pipe * par.repeats
             _check(m.n_layers % stages == 0,
                    f"Model.n_layers={m.n_layers} is not divisible by Parallel.pipe x "

@@ -40,18 +40,24 @@ def tiny(arch: str = "cola", **overrides) -> Model:
 def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
                    dtype: str = "float32", gspmd: bool = False):
     """Loss and parameter gradients of the global batch under ``parallel`` (on the first
-    ``parallel.num_devices`` devices; ``gspmd``: its GSPMD baseline), as host arrays;
+    ``parallel.num_devices`` devices; ``gspmd``: its GSPMD baseline), as the train step
+    computes them (accumulation and the zero stage's reduction included), as host arrays;
     ``params`` and the gradients in the canonical layout (blocks ``[L, ...]``) whatever the
     pipeline layout."""
     import jax
     import jax.numpy as jnp
 
+    from boost_jax.config import Train
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import make_grad_fn
 
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
     sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype), gspmd=gspmd)
     p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
-    x, y = (jax.device_put(v, sharded.batch_sharding) for v in (inputs, targets))
-    loss, grads = jax.device_get(jax.jit(jax.value_and_grad(sharded.loss))(p, x, y))
+    batch = {k: jax.device_put(v, sharded.batch_sharding)
+             for k, v in (("inputs", inputs), ("targets", targets))}
+    grad_fn = make_grad_fn(sharded, make_optimizer(Train()))
+    loss, grads = jax.device_get(grad_fn(p, batch))
     return loss, sharded.to_canonical(grads)

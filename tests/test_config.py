@@ -47,7 +47,14 @@ def test_bad_parallel_and_train():
         lambda: Parallel(pipeline_schedule="1f1b"))
     assert "needs Parallel.pipeline_schedule='circular'" in _err(
         lambda: Parallel(pipeline_repeats=2))
-    assert "Parallel.zero=3" in _err(lambda: Parallel(zero=3))
+    assert "Parallel.zero=2 is not one of 0, 1, 3" in _err(lambda: Parallel(zero=2))
+    assert "Parallel.zero=3 (FSDP) with pipeline parallelism is not implemented" in _err(
+        lambda: Parallel(zero=3, pipe=2))
+    assert "set Parallel.grad_accum instead" in _err(lambda: Parallel(microbatches=2))
+    assert "Parallel.grad_accum=0 must be a positive integer" in _err(
+        lambda: Parallel(grad_accum=0))
+    assert "needs pipeline stages" in _err(
+        lambda: Parallel(pipeline_schedule="circular", pipeline_repeats=2))
     assert "Parallel.tp_plan='megatron'" in _err(lambda: Parallel(tp_plan="megatron"))
     assert "Parallel.rmsnorm='local'" in _err(lambda: Parallel(rmsnorm="local"))
     assert "Parallel.norm_payload='int8'" in _err(lambda: Parallel(norm_payload="int8"))
@@ -95,6 +102,10 @@ def test_bad_tensor_parallel_layouts(model, parallel, needle):
      "Model.n_layers=6 is not divisible by Parallel.pipe x pipeline_repeats = 4"),
     (dict(pipe=2, tensor=1, tp_plan="none", data=2, microbatches=3), {},
      "Parallel.microbatches=3 does not divide the batch of a data shard"),
+    (dict(pipe=2, tensor=1, tp_plan="none", data=2, microbatches=4, grad_accum=2), {},
+     "Parallel.microbatches=4 does not divide the batch of a data shard's pipeline pass"),
+    (dict(tensor=1, tp_plan="none", data=2, grad_accum=3), {},
+     "Parallel.grad_accum=3 does not divide the batch of a data shard"),
     (dict(pipe=4, tensor=1, tp_plan="none", data=1, pipeline_schedule="circular",
           pipeline_repeats=2, microbatches=2), dict(n_layers=8),
      "needs Parallel.microbatches >= Parallel.pipe"),

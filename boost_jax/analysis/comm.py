@@ -44,8 +44,7 @@ import math
 
 from boost_jax.analysis.hlo import Collective
 from boost_jax.config import Model, Parallel
-from boost_jax.models.decoder import abstract_model
-from boost_jax.parallel.plans import get_plan
+from boost_jax.parallel.plans.base import DATA, MESH_AXES, PIPE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,29 +107,103 @@ def layer_collectives(model: Model, parallel: Parallel, dtype: str = "float32"
 
 
 def schedule(model: Model, parallel: Parallel, batch: int, seq_len: int) -> dict[str, int]:
-    """How the layers run per device and step: ``tokens`` per layer execution (a microbatch
-    under pipelining), layer ``executions`` (bubble iterations included), ``iterations`` of the
-    pipeline loop (1 without), and ``looped``: layers per compiled loop (0 if unrolled)."""
-    tokens = batch // parallel.data * seq_len
-    if parallel.pipe == 1 and parallel.microbatches == 1:
+    """How the layers run per device and step: ``tokens`` per layer execution (a micro-step's
+    rows, or a pipeline microbatch of them), layer ``executions`` per step (accumulation
+    micro-steps and bubble iterations included), ``iterations`` of the pipeline loop per pass
+    (1 without), ``micro_steps`` (``Parallel.grad_accum``) and ``looped``: layers per compiled
+    loop (0 if unrolled)."""
+    k = parallel.grad_accum
+    tokens = batch // parallel.data // k * seq_len
+    loops = (k > 1) + (parallel.pipe > 1)  # loops around the layer loop
+    if parallel.pipe == 1:
         scanned = model.n_layers - (1 if model.arch == "lax" else 0)  # LaX: block 0 before
-        return dict(tokens=tokens, executions=model.n_layers, iterations=1,
-                    looped=scanned if scanned > 1 else 0)
+        return dict(tokens=tokens, executions=k * model.n_layers, iterations=1, micro_steps=k,
+                    looped=scanned if scanned > 1 else 0, depth=loops + 1)
     per_group = model.n_layers // (parallel.pipe * parallel.repeats)
     iterations = parallel.repeats * parallel.microbatches + parallel.pipe - 1
-    return dict(tokens=tokens // parallel.microbatches, executions=iterations * per_group,
-                iterations=iterations, looped=per_group if per_group > 1 else 0)
+    return dict(tokens=tokens // parallel.microbatches, executions=k * iterations * per_group,
+                iterations=iterations, micro_steps=k, looped=per_group if per_group > 1 else 0,
+                depth=loops + 1)
 
 
-def _axes(*pairs: tuple[str, int]) -> str:
-    return ",".join(name for name, size in pairs if size > 1)
+def in_layer_loop(c: Collective, run: dict) -> bool:
+    """Does a compiled collective run in the layer loop (:func:`schedule`'s ``looped`` trips,
+    nested in the accumulation and pipeline loops)?"""
+    return bool(run["looped"]) and len(c.trips) == run["depth"] and \
+        c.trips[-1] == run["looped"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """One kind of data-parallel collective of a step: ``op``, the mesh ``axes`` (joined with
+    ``,``), ``elements`` per step (counted as :mod:`boost_jax.analysis.hlo` counts them) and
+    ``group``: devices per collective."""
+
+    op: str
+    axes: str
+    elements: float
+    group: int
+
+
+def gradient_transfers(model: Model, parallel: Parallel) -> list[Transfer]:
+    """The gradient and parameter collectives of a step over ``data`` (and ``pipe`` for the
+    parameters every stage holds) by ``Parallel.zero`` -- the rules of parallel/zero.py,
+    counted per parameter:
+
+    * replicated (stage 0, or no dimension divides by ``data``): one all-reduce of the local
+      gradient over the axes the parameter is replicated over, after accumulation;
+    * ZeRO-1: a reduce-scatter over ``data`` (the all-reduce's bytes in half the wire time), an
+      all-reduce of the slice over ``pipe`` if replicated there, and the all-gather of the
+      updated slices (the other half); FSDP's non-layer parameters the same (gathered before
+      the step's micro-steps instead of after the update);
+    * FSDP's layer parameters: per micro-step, an all-gather where the layer runs, one more
+      by its recomputation in the backward pass (for the layers in the compiled layer loop;
+      outside a loop XLA merges the two), and the reduce-scatter of its gradient.
+    """
+    from boost_jax.parallel.runner import data_layout
+
+    k, sizes = parallel.grad_accum, dict(zip(MESH_AXES, parallel.shape))
+    layout = data_layout(model, parallel)
+    # layers outside a compiled loop (LaX's block 0, a loop XLA unrolled) gather once: XLA
+    # merges the recomputation's gather with the forward one there
+    looped = schedule(model, parallel, parallel.data * k, 1)["looped"]
+    gathers = (2 * looped + (model.n_layers - looped)) / model.n_layers
+    out: list[Transfer] = []
+    for lf in layout.items():
+        v = layout.local_size(lf)
+        if layout.fsdp(lf) and lf.layer_dims:
+            out += [Transfer("all-gather", DATA, gathers * k * v, parallel.data),
+                    Transfer("reduce-scatter", DATA, k * v, parallel.data)]
+        elif layout.sharded(lf):
+            out += [Transfer("reduce-scatter", DATA, v, parallel.data),
+                    Transfer("all-gather", DATA, v, parallel.data)]
+            if PIPE in lf.reduce:
+                out.append(Transfer("all-reduce", PIPE, v / parallel.data, parallel.pipe))
+        elif lf.reduce:
+            group = math.prod(sizes[a] for a in lf.reduce)
+            out.append(Transfer("all-reduce", ",".join(lf.reduce), v, group))
+    return out
+
+
+def scalar_transfers(parallel: Parallel) -> list[Transfer]:
+    """The step's scalar all-reduces: the loss over ``data`` (and ``pipe``) and the global
+    gradient norm over every axis (sizes > 1)."""
+    sizes = dict(zip(MESH_AXES, parallel.shape))
+    out = []
+    for axes in ((DATA, PIPE), MESH_AXES):
+        kept = tuple(a for a in axes if sizes[a] > 1)
+        if kept:
+            out.append(Transfer("all-reduce", ",".join(kept), 1,
+                                math.prod(sizes[a] for a in kept)))
+    return out
 
 
 def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: str
             ) -> Comm:
     """The analytic communication of a train step (see the module docstring)."""
-    tokens = batch // parallel.data * seq_len
     run = schedule(model, parallel, batch, seq_len)
+    k = run["micro_steps"]
+    tokens = batch // parallel.data * seq_len
     fwd_list, bwd_list = layer_collectives(model, parallel, dtype)
     fwd, bwd = sum(e for e, _ in fwd_list), sum(e for e, _ in bwd_list)
     fwd_bytes = sum(e * b for e, b in fwd_list)
@@ -140,51 +213,48 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
     if parallel.tensor > 1:
         boundary = 2 * tokens * d + 3 * tokens  # embedding and head input, sharded CE
         if parallel.tp_plan == "btp":  # reduce-scatter/all-gather pairs, final norm gain
-            boundary = 4 * tokens * d + 3 * tokens + d
+            boundary = 4 * tokens * d + 3 * tokens + k * d
         steps["tensor"] = (fwd + bwd) * run["tokens"] * run["executions"] + boundary
     if parallel.pipe > 1:  # the residual (shard) of a microbatch moves forward and back
         d_local = d // parallel.tensor if parallel.tp_plan == "btp" else d
-        steps["pipe"] += 2 * run["iterations"] * run["tokens"] * d_local
-    stage_local, global_local = local_parameters(model, parallel)
-    if parallel.data > 1:
-        steps["data"] += stage_local
-    if (key := _axes(("data", parallel.data), ("pipe", parallel.pipe))):
-        steps[key] += global_local + 1  # + the loss
+        steps["pipe"] += 2 * k * run["iterations"] * run["tokens"] * d_local
+    for t in gradient_transfers(model, parallel) + scalar_transfers(parallel):
+        steps[t.axes] += t.elements
     return Comm(fwd, bwd, fwd_bytes, bwd_bytes, run["looped"], dict(steps))
 
 
 def local_parameters(model: Model, parallel: Parallel) -> tuple[int, int]:
-    """Parameters one device holds: ``(block parameters of its stage, the others)``."""
-    plan = get_plan(parallel)
+    """Parameters one device holds before any ``data`` split: ``(block parameters of its
+    stage, the others)``."""
+    from boost_jax.parallel.runner import data_layout
+
+    layout = data_layout(model, parallel)
     stage_local = global_local = 0
-    for spec_def in abstract_model(model)[1].values():
-        split = math.prod(parallel.tensor for a in plan.spec(spec_def.axes) if a is not None)
-        size = math.prod(spec_def.shape) // split
-        if spec_def.stacked:
-            stage_local += size // parallel.pipe
+    for lf in layout.items():
+        if lf.layer_dims:
+            stage_local += layout.local_size(lf)
         else:
-            global_local += size
+            global_local += layout.local_size(lf)
     return stage_local, global_local
 
 
 def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: int,
-            seq_len: int, model_only: bool = True) -> Comm:
-    """The same quantities read from compiled-HLO collectives (:func:`hlo.collectives`).
+            seq_len: int) -> Comm:
+    """The same quantities read from compiled-HLO collectives (:func:`hlo.collectives`): every
+    collective of the step counts.
 
     Layer collectives are the tensor-axis ones inside a ``while`` loop whose trip count is the
-    number of layers per loop. With ``model_only`` only collectives of the model's
-    ``shard_map`` region count (the optimizer's reductions are not the plan's traffic); a GSPMD
-    program has no such region, so everything counts there.
+    number of layers per loop.
     """
     run = schedule(model, parallel, batch, seq_len)
     looped = run["looped"]
     layer = dict(fwd=0.0, bwd=0.0, fwd_bytes=0.0, bwd_bytes=0.0)
     steps: dict[str, float] = collections.defaultdict(float)
     for c in colls:
-        if (model_only and "shard_map" not in c.op_name) or not c.axes:  # size-1 groups: none
+        if not c.axes:  # size-1 groups: nothing moves
             continue
         steps[",".join(c.axes)] += c.count * c.elements
-        if c.axes == ("tensor",) and looped and c.trips and c.trips[-1] == looped:
+        if c.axes == ("tensor",) and in_layer_loop(c, run):
             way = "bwd" if c.backward else "fwd"
             layer[way] += c.elements / run["tokens"]
             layer[f"{way}_bytes"] += c.bytes / run["tokens"]

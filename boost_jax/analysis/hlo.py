@@ -65,6 +65,16 @@ class Collective:
     op_name: str
     combined: int = 1
 
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one device sends per execution on a ring (scaling book): an all-reduce
+        ``2 (n-1)/n`` of its array, an all-gather or reduce-scatter ``(n-1)/n`` of the full
+        array, an all-to-all ``(n-1)/n``, a permute its array."""
+        n = self.group_size
+        if self.op == "collective-permute":
+            return float(self.bytes)
+        return self.bytes * (n - 1) / n * (2 if self.op == "all-reduce" else 1)
+
 
 @dataclasses.dataclass
 class _Instr:
@@ -226,13 +236,40 @@ def collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ..
     return out
 
 
-def totals(colls: list[Collective]) -> dict[tuple[str, ...], dict[str, int]]:
-    """Per mesh-axes group: collectives run, elements and bytes moved per call."""
-    out: dict[tuple[str, ...], dict[str, int]] = collections.defaultdict(
-        lambda: {"count": 0, "elements": 0, "bytes": 0})
+def totals(colls: list[Collective]) -> dict[tuple[str, ...], dict[str, float]]:
+    """Per mesh-axes group: collectives run, elements and bytes per call, and the bytes each
+    device puts on the wire (:attr:`Collective.wire_bytes`)."""
+    out: dict[tuple[str, ...], dict[str, float]] = collections.defaultdict(
+        lambda: {"count": 0, "elements": 0, "bytes": 0, "wire_bytes": 0.0})
     for c in colls:
         t = out[c.axes]
         t["count"] += c.count
         t["elements"] += c.count * c.elements
         t["bytes"] += c.count * c.bytes
+        t["wire_bytes"] += c.count * c.wire_bytes
     return dict(out)
+
+
+def users(hlo: str, op: str) -> dict[str, list[str]]:
+    """Every ``op`` instruction (e.g. ``reduce-scatter``) of compiled HLO text inside a loop
+    body, with the instructions of its computation that read its result (``name = opcode``;
+    a fusion's name says what it fuses). Shows, e.g., that a layer's gradient reduction
+    feeds only the loop's output buffer -- nothing the next iteration computes waits on
+    it."""
+    comps, _, entry = _parse(hlo)
+    bodies = {c for instrs in comps.values() for i in instrs if i.op == "while"
+              for c in re.findall(r"body=%([\w.\-]+)", i.attrs)}
+    out: dict[str, list[str]] = {}
+    for comp in bodies:
+        instrs = comps.get(comp, [])
+        for ins in instrs:
+            if ins.op.removesuffix("-start") == op:
+                out[ins.name] = [f"{u.name} = {u.op}" for u in instrs if ins.name in u.operands]
+    return out
+
+
+def entry_instructions(hlo: str) -> list[tuple[str, str, str, list[str]]]:
+    """``(name, result type, opcode, operand names)`` of every instruction of the entry
+    computation (the step outside any loop)."""
+    comps, _, entry = _parse(hlo)
+    return [(i.name, i.type, i.op, i.operands) for i in comps[entry]]

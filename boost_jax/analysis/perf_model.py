@@ -19,8 +19,11 @@ attention; ``btp``'s ``[T, d/p] x [d/p, 3r]``). Times:
   ``full`` the whole forward (and its TP collectives);
 * pipeline: ``(R M + S - 1)`` iterations of the slowest stage's microbatch time (GPipe /
   circular), plus one point-to-point send of the residual (shard) per iteration each way;
-* the optimizer: AdamW reads/writes ~30 bytes per local parameter; data-parallel gradients:
-  one ring all-reduce.
+* the optimizer: AdamW reads/writes ~30 bytes per local parameter; data-parallel gradients and
+  parameters: the collectives of ``Parallel.zero`` (one all-reduce, a reduce-scatter plus an
+  all-gather, or FSDP's per-layer gathers), fp32 ring times;
+* gradient accumulation: ``Parallel.grad_accum`` micro-steps of the whole forward and
+  backward (pipeline passes included) per step, activations of one at a time.
 
 Efficiency constants (:class:`Efficiency`) are global -- never per configuration. Two come from
 the BOOST README's kernel measurements (GEMM HFU ~59% for vanilla's AI ~240 GEMMs, ~72% for
@@ -131,8 +134,9 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     """Predict one train step (see the module docstring). ``batch`` is global, in sequences."""
     p, stages, data = parallel.tensor, parallel.pipe, parallel.data
     plan = parallel.tp_plan if p > 1 else ("none" if model.arch == "dense" else "btp")
-    micro = parallel.microbatches
-    tokens = batch // data // micro * seq_len  # per microbatch
+    micro, accum = parallel.microbatches, parallel.grad_accum
+    passes = micro * accum  # microbatches through the layers per step
+    tokens = batch // data // passes * seq_len  # per microbatch
     layer = _layer(model, plan, p, tokens, seq_len)
     layers_per_stage = model.n_layers // stages
     intra = p <= hw.gpus_per_node
@@ -163,23 +167,21 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     head = dict(gemm=head_gemm, elementwise=ce_bytes / (hw.hbm_bw * eff.memory),
                 tp=allreduce_time(2 * tokens * model.d_model, p, tp_bw, tp_lat, eff))
     # useful work: every microbatch through this stage's layers (and the head, last stage)
-    busy = {k: micro * (v * layers_per_stage + head.get(k, 0.0)) for k, v in per_layer.items()}
+    busy = {k: passes * (v * layers_per_stage + head.get(k, 0.0))
+            for k, v in per_layer.items()}
     bubble = pp = 0.0
     if stages > 1:
         iterations = parallel.repeats * micro + stages - 1
-        bubble = (stages - 1) * layers_per_stage / parallel.repeats * sum(per_layer.values())
+        bubble = accum * (stages - 1) * layers_per_stage / parallel.repeats * sum(
+            per_layer.values())
         d_local = model.d_model // p if plan == "btp" else model.d_model
         across = p * stages > hw.gpus_per_node  # stages on different nodes
         bw, lat = (hw.inter_bw, hw.inter_latency) if across else (hw.intra_bw, hw.intra_latency)
-        pp = iterations * 2 * (lat + tokens * d_local * BF16 / (bw * eff.comm))
+        pp = accum * iterations * 2 * (lat + tokens * d_local * BF16 / (bw * eff.comm))
     local_params = sum(comm.local_parameters(model, parallel))
-    optimizer = 30 * local_params / (hw.hbm_bw * eff.memory)
-    dp = 0.0
-    if data > 1:
-        dp_intra = p * stages * data <= hw.gpus_per_node
-        bw, lat = (hw.intra_bw, hw.intra_latency) if dp_intra else (hw.inter_bw,
-                                                                    hw.inter_latency)
-        dp = allreduce_time(local_params, data, bw, lat, eff, itemsize=4)
+    updated = local_params / (data if parallel.zero else 1)  # ZeRO: each rank its slice
+    optimizer = 30 * updated / (hw.hbm_bw * eff.memory)
+    dp = data_parallel_time(model, parallel, hw, eff)
     breakdown = dict(gemm=busy["gemm"], attention=busy["attention"],
                      elementwise=busy["elementwise"], optimizer=optimizer, tp=busy["tp"],
                      pp=pp, dp=dp, bubble=bubble)
@@ -188,8 +190,8 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     hardware_flops = model_flops + share * recompute_flops_per_token(
         model, seq_len, plan, parallel.remat)
     layer_bytes = gemm_bytes + 3 * layer.elementwise_bytes
-    hbm = micro * layers_per_stage * layer_bytes + micro * (ce_bytes + 3 * BF16 * tokens * (
-        model.d_model + vocab) + 3 * BF16 * model.d_model * vocab) + 30 * local_params
+    hbm = passes * layers_per_stage * layer_bytes + passes * (ce_bytes + 3 * BF16 * tokens * (
+        model.d_model + vocab) + 3 * BF16 * model.d_model * vocab) + 30 * updated
     return Prediction(
         step_s=sum(breakdown.values()), breakdown=breakdown, model_flops=model_flops,
         hardware_flops=hardware_flops, hbm_bytes=hbm,
@@ -197,13 +199,37 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
         memory=_memory(model, parallel, local_params, tokens, micro, layers_per_stage))
 
 
+def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Efficiency
+                       ) -> float:
+    """The step's gradient and parameter collectives (analysis/comm.py's
+    :func:`~boost_jax.analysis.comm.gradient_transfers`, fp32) on ring links: an all-reduce
+    ``2 (n-1)`` steps, an all-gather or reduce-scatter ``n - 1`` steps of ``1/n`` of the array.
+    Not overlapped with compute (a GPU overlaps FSDP's per-layer ones in part)."""
+    out = 0.0
+    for t in comm.gradient_transfers(model, parallel):
+        if t.group <= 1:
+            continue
+        inside = parallel.num_devices <= hw.gpus_per_node
+        bw, lat = (hw.intra_bw, hw.intra_latency) if inside else (hw.inter_bw, hw.inter_latency)
+        if t.op == "all-reduce":
+            out += allreduce_time(t.elements, t.group, bw, lat, eff, itemsize=4)
+        else:
+            steps = t.group - 1
+            out += steps * lat + steps / t.group * t.elements * 4 / (bw * eff.comm)
+    return out
+
+
 def _memory(model: Model, parallel: Parallel, local_params: int, tokens: int, micro: int,
             layers: int) -> dict[str, float]:
-    """Model state (bf16 weights, fp32 master, grads and two Adam moments: 18 B/param, Adam
-    split over data with ZeRO-1) and activations kept for the backward pass (elements per
-    token per layer, in bf16, for every microbatch in flight)."""
-    opt = 8 / (parallel.data if parallel.zero == 1 else 1)
-    state = local_params * (2 + 4 + 4 + opt)
+    """Model state (bf16 weights, fp32 master, grads and two Adam moments: 18 B/param; Adam
+    split over data with ZeRO-1, everything with FSDP) and activations kept for the backward
+    pass (elements per token per layer, in bf16, for every pipeline microbatch in flight: one
+    accumulation micro-step at a time)."""
+    split = parallel.data if parallel.zero else 1
+    if parallel.zero == 3:
+        state = local_params * (2 + 4 + 4 + 8) / split
+    else:
+        state = local_params * (2 + 4 + 4 + 8 / split)
     d, p, r = model.d_model, parallel.tensor, model.attn_rank
     per_token = {"none": 12 * d + 4 * model.d_ff, "lowrank": 7 * r + 2 * d,
                  "lowrank_attn": 7 * r + 3 * d, "full": d}[parallel.remat]

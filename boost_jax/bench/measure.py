@@ -42,9 +42,9 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     from boost_jax.train.step import init_state
 
     t = config.train
-    model, tx, compiled = compile_step(config, gspmd=gspmd)
+    model, opt, compiled = compile_step(config, gspmd=gspmd)
     rep = build_report(config, compiled=compiled, mesh=model.mesh, gspmd=gspmd)
-    state = init_state(model, tx, t.seed)
+    state = init_state(model, opt, t.seed)
     rng = np.random.default_rng(0)
     times = []
     for i in range(steps + 1):
@@ -59,6 +59,15 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     rep["median_step_s"] = statistics.median(times)
     rep["tokens_per_s"] = t.batch_size * t.seq_len / rep["median_step_s"]
     return rep
+
+
+def ratio_line(a: dict, b: dict, name_a: str, name_b: str, tp_bytes: str) -> str:
+    """``a / b: step time xT, temp memory xM, TP bytes xB`` for two benchmark rows (below 1:
+    ``a`` is faster / smaller)."""
+    def x(key):
+        return a[key] / b[key] if b[key] else float("nan")
+    return (f"{name_a} / {name_b}: step time x{x('median_step_s'):.2f}, temp memory "
+            f"x{x('temp_mib'):.3f}, TP bytes x{x(tp_bytes):.2f}")
 
 
 def run_benchmark(name: str, argv: list[str], defaults: list[str], body) -> int:

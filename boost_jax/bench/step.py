@@ -25,7 +25,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from boost_jax.bench.measure import measure, row_config, run_benchmark
+from boost_jax.bench.measure import measure, ratio_line, row_config, run_benchmark
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
@@ -68,9 +68,7 @@ def format_table(rows: list[dict]) -> str:
     for a, b in (("btp", "gspmd-btp"), ("vanilla", "gspmd-vanilla"),
                  ("fullrank", "gspmd-megatron"), ("btp", "fullrank"), ("btp", "vanilla")):
         if a in by and b in by:
-            time = by[a]["median_step_s"] / by[b]["median_step_s"]
-            tp_bytes = by[a]["tp_bytes_per_step"] / max(by[b]["tp_bytes_per_step"], 1)
-            lines.append(f"{a} / {b}: step time x{time:.2f}, TP bytes x{tp_bytes:.2f}")
+            lines.append(ratio_line(by[a], by[b], a, b, "tp_bytes_per_step"))
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ import json
 
 from absl import flags
 
-from boost_jax.bench.measure import measure, row_config, run_benchmark
+from boost_jax.bench.measure import measure, ratio_line, row_config, run_benchmark
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
@@ -56,11 +56,10 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['tp_collectives_per_step']:>10}{r['model_tflop_per_step']:>12.3f}"
                      f"{r['temp_mib']:>11.0f}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>9.0f}")
     by = {r["plan"]: r for r in rows}
-    if "btp" in by:
-        for other in ("vanilla", "fullrank", "gspmd-btp"):
-            if other in by:
-                lines.append(f"{other}/btp: TP bytes x{by[other]['tp_bytes_per_layer'] / by['btp']['tp_bytes_per_layer']:.2f}"  # noqa: E501
-                             f", step time x{by[other]['median_step_s'] / by['btp']['median_step_s']:.2f}")  # noqa: E501
+    for a, b in (("btp", "gspmd-btp"), ("vanilla", "gspmd-vanilla"),
+                 ("fullrank", "gspmd-megatron"), ("btp", "vanilla"), ("btp", "fullrank")):
+        if a in by and b in by:
+            lines.append(ratio_line(by[a], by[b], a, b, "tp_bytes_per_layer"))
     return "\n".join(lines)
 
 

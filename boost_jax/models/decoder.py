@@ -89,16 +89,17 @@ class Decoder(nnx.Module):
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, h, cross):
-            return nnx.merge(graph, layer)(h, cross, plan)
+            return nnx.merge(graph, plan.layer_params(layer))(h, cross, plan)
 
+        gathers = plan.layer_gather is not None
         cross = None
         if layers is not None:
             stacked = layers
         elif self.crosses:  # block 0 has no latent to cross: run it before the scan
             first = jax.tree.map(lambda x: x[0], stacked)
-            h, cross = checkpointed(block, plan.remat, in_loop=False)(first, h, None)
+            h, cross = checkpointed(block, plan.remat, False, gathers)(first, h, None)
             stacked = jax.tree.map(lambda x: x[1:], stacked)
-        block = checkpointed(block, plan.remat)
+        block = checkpointed(block, plan.remat, gathers=gathers)
 
         def body(carry, layer):
             return block(layer, *carry), None

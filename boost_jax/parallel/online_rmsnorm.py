@@ -18,6 +18,11 @@ gradient is the exact one without the two large, cancelling terms (which cost ac
 product: one more (latency-bound) collective in the forward pass, and one in the backward pass
 (the cotangent of the shared ``rho`` is a sum over ranks).
 
+The last step, ``H / rho``, has a hand-written derivative (:func:`divide_by_rms`) that keeps the
+*output* for the backward pass rather than ``H``: the output is kept anyway (the latent
+activation and the B factor's gradient read it), so each fused norm keeps one ``[T, c r]``
+activation less.
+
 The fused payload travels in ``payload_dtype``: the compute dtype (``[T, c r + 1]`` in bf16
 under bf16 training, the statistic then rounded to bf16) or float32 (the statistic exact, the
 payload twice as wide in bf16 runs). The statistic is always accumulated locally in fp32.
@@ -25,6 +30,7 @@ payload twice as wide in bf16 runs). The statistic is always accumulated locally
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -57,7 +63,32 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
                                s_i.astype(dtype)], axis=-1)
     total = tag(lax.psum(payload, TENSOR), LATENT)  # [H || S]: kept by the lowrank remat
     h, s = total[..., :-1].astype(jnp.float32), total[..., -1:].astype(jnp.float32)
-    return (h / jnp.sqrt(s / d + eps)).astype(h_i.dtype).reshape(*lead, *tail)
+    return divide_by_rms(h.reshape(*lead, *tail), s, d, eps, h_i.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def divide_by_rms(h: jax.Array, s: jax.Array, d: int, eps: float, dtype) -> jax.Array:
+    """``h / sqrt(s / d + eps)`` in ``dtype``, for ``h [b, s, ...]`` and the sum of squares
+    ``s [b, s, 1]`` (fp32). Its backward pass reads the output, not ``h``."""
+    return _divide(h, s, d, eps, dtype)[0]
+
+
+def _divide(h, s, d, eps, dtype):
+    rms = jnp.sqrt(s / d + eps)
+    y = (h / rms.reshape(rms.shape[:2] + (1,) * (h.ndim - 2))).astype(dtype)
+    return y, (y, rms)
+
+
+def _divide_bwd(d, eps, dtype, res, dy):
+    y, rms = res
+    rms_b = rms.reshape(rms.shape[:2] + (1,) * (y.ndim - 2))
+    dy32 = dy.astype(jnp.float32)
+    # y = h / rms with rms = sqrt(s/d + eps): dh = dy / rms, ds = -sum(dy * y) / (2 d rms^2)
+    dot = jnp.sum(dy32 * y.astype(jnp.float32), axis=tuple(range(2, y.ndim)))[..., None]
+    return dy32 / rms_b, -dot / (2 * d * jnp.square(rms))
+
+
+divide_by_rms.defvjp(lambda h, s, d, eps, dtype: _divide(h, s, d, eps, dtype), _divide_bwd)
 
 
 def sync_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable) -> jax.Array:

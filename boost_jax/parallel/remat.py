@@ -21,6 +21,12 @@ the residual stream between attention and MLP. The policies:
 ``lowrank_attn``
     ``lowrank`` plus the attention core's output (``attention``): trades memory for not
     recomputing attention.
+
+Under FSDP (``Parallel.zero=3``) a block starts by all-gathering its parameters (tagged
+``gathered``), which must never be kept for the backward pass -- that would hold every layer's
+whole parameters at once. So the block is always checkpointed: ``none`` becomes "keep every
+matmul output and every tagged activation, recompute the elementwise rest and gather the
+parameters again"; the other policies keep what they keep anyway, which never includes them.
 """
 
 from __future__ import annotations
@@ -30,13 +36,19 @@ from collections.abc import Callable
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.compat import nothing_saveable, save_only_these_names
+from boost_jax.compat import (
+    dots_saveable,
+    nothing_saveable,
+    save_from_both_policies,
+    save_only_these_names,
+)
 
 LATENT = "latent"
 REDUCED = "reduced"
 NORM_STAT = "norm_stat"
 RESIDUAL = "residual"
 ATTENTION = "attention"
+GATHERED = "gathered"  # a layer's parameters all-gathered over data (FSDP)
 
 SAVED = {
     "lowrank": (LATENT, REDUCED, NORM_STAT, RESIDUAL),
@@ -49,13 +61,21 @@ def tag(x, name: str):
     return jax.tree.map(lambda v: checkpoint_name(v, name), x)
 
 
-def checkpointed(fn: Callable, remat: str, in_loop: bool = True) -> Callable:
+def checkpointed(fn: Callable, remat: str, in_loop: bool = True, gathers: bool = False
+                 ) -> Callable:
     """``fn`` wrapped in ``jax.checkpoint`` with the policy named ``remat`` (``none``: as is).
 
     ``in_loop``: ``fn`` is a ``lax.scan`` body, where common-subexpression elimination cannot
     merge the recomputation into the forward pass, so ``prevent_cse`` may stay off.
+    ``gathers``: ``fn`` all-gathers its parameters (FSDP; see the module docstring).
     """
-    if remat == "none":
+    if remat == "none" and not gathers:
         return fn
-    policy = nothing_saveable() if remat == "full" else save_only_these_names(*SAVED[remat])
+    if remat == "none":
+        every_tag = {n for names in SAVED.values() for n in names}
+        policy = save_from_both_policies(dots_saveable(), save_only_these_names(*every_tag))
+    elif remat == "full":
+        policy = nothing_saveable()
+    else:
+        policy = save_only_these_names(*SAVED[remat])
     return jax.checkpoint(fn, policy=policy, prevent_cse=not in_loop)

@@ -1,17 +1,18 @@
-"""The decoder placed on a mesh: parameter shardings and the ``jax.shard_map`` region.
+"""The decoder placed on a mesh: where every parameter lives, and the ``jax.shard_map`` regions.
 
-:class:`ShardedModel` builds the one shard_map region that runs the decoder per device for the
-configured plan. Its ``in_specs`` are the plan's parameter PartitionSpecs (block parameters
-split over ``pipe`` when pipelining) and the batch split on ``data``; everything inside is the
-single model definition (models/decoder.py), run directly or through the pipeline schedule
-(parallel/pipeline.py). Gradients come from JAX's transpose rules. Each parameter is marked as
-varying over the ``data`` (and, unless split over it, ``pipe``) axes once, in fp32, at the top
-of the region, so the data-parallel gradient reduction is one fp32 all-reduce per step after
-the backward pass (the transpose of that cast), not one per layer in the compute dtype.
+:class:`ShardedModel` owns the parameter layouts -- the plan's PartitionSpecs (block parameters
+split over ``pipe`` when pipelining) and the ``Parallel.zero`` layout over ``data``
+(parallel/zero.py) -- and builds the ``shard_map`` regions that run per device: the global loss
+(eval, and the GSPMD baseline's gradients), and any per-device function over the whole mesh
+(:meth:`ShardedModel.region`: the train step of train/step.py, gradients, clipping and AdamW
+included, so no gradient ever leaves the region). Inside, everything is the single model
+definition (models/decoder.py), run directly or through the pipeline schedule
+(parallel/pipeline.py). Gradients come from JAX's transpose rules.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -20,13 +21,37 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model, Parallel
-from boost_jax.models.decoder import abstract_model, bind
+from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
 from boost_jax.parallel.plans import get_plan
-from boost_jax.parallel.plans.base import DATA, PIPE, Plan
+from boost_jax.parallel.plans.base import DATA, MESH_AXES, PIPE, Plan, region_axes
+from boost_jax.parallel.zero import DataLayout
 
 BATCH_SPEC = P(DATA, None)
+
+
+def plan_specs(model: Model, parallel: Parallel) -> dict:
+    """The plan's PartitionSpec of every parameter in the canonical layout (block parameters
+    ``[L, ...]``, split over ``pipe`` on the layer axis when pipelining), as a nested dict."""
+    plan, defs = get_plan(parallel), abstract_model(model)[1]
+    specs = {p: plan.spec(d.axes) for p, d in defs.items()}
+    if parallel.pipe > 1:  # each stage holds its layers
+        specs = {p: P(PIPE, *s[1:]) if defs[p].stacked else s for p, s in specs.items()}
+    return unflatten(specs)
+
+
+def canonical_shapes(model: Model) -> dict:
+    """``ShapeDtypeStruct`` (global shape, fp32) of every parameter, canonical layout."""
+    return unflatten({p: jax.ShapeDtypeStruct(d.shape, jnp.float32)
+                      for p, d in abstract_model(model)[1].items()})
+
+
+def data_layout(model: Model, parallel: Parallel) -> DataLayout:
+    """The ``Parallel.zero`` layout of the canonical parameters (on a mesh of the configured
+    shape; for analysis, nothing is placed)."""
+    return DataLayout(parallel.zero, dict(zip(MESH_AXES, parallel.shape)),
+                      plan_specs(model, parallel), canonical_shapes(model), {STACKED: 1})
 
 
 def map_blocks(tree, fn):
@@ -37,8 +62,9 @@ def map_blocks(tree, fn):
 
 
 class ShardedModel:
-    """The decoder for ``model`` laid out on ``mesh`` by the plan of ``parallel`` (or, with
-    ``gspmd=True``, only its parameter shardings, for the GSPMD baseline).
+    """The decoder for ``model`` laid out on ``mesh`` by the plan and ``zero`` stage of
+    ``parallel`` (or, with ``gspmd=True``, only its parameter shardings, for the GSPMD
+    baseline).
 
     Block parameters live in the pipeline's stage layout (``[R, L/R, ...]`` for the circular
     schedule, else ``[L, ...]``); checkpoints hold the canonical ``[L, ...]`` layout
@@ -54,24 +80,30 @@ class ShardedModel:
                  gspmd: bool = False):
         self.cfg, self.parallel, self.mesh, self.dtype = model, parallel, mesh, jnp.dtype(dtype)
         self.plan = get_plan(parallel)
-        #: the baseline a JAX user has for free: the plan's parameter shardings only, the model
-        #: run as one global program under jit, and GSPMD choosing every collective
+        #: the baseline a JAX user has for free: the parameter shardings only, the model run
+        #: as one global program under jit, and GSPMD choosing every collective
         self.gspmd = gspmd
-        if gspmd and (parallel.pipe > 1 or parallel.microbatches > 1):
-            raise ConfigError("the GSPMD baseline runs without a pipeline (Parallel.pipe=1, "
-                              "microbatches=1)")
+        if gspmd and parallel.pipe > 1:
+            raise ConfigError("the GSPMD baseline runs without a pipeline (Parallel.pipe=1)")
         self.graph, self.defs = abstract_model(model)
-        self.pipelined = parallel.pipe > 1 or parallel.microbatches > 1
+        self.pipelined = parallel.pipe > 1
         self.repeats = parallel.repeats
-        canonical = {p: self.plan.spec(d.axes) for p, d in self.defs.items()}
-        if parallel.pipe > 1:  # each stage holds its layers
-            canonical = {p: P(PIPE, *s[1:]) if self.defs[p].stacked else s
-                         for p, s in canonical.items()}
-        self.canonical_specs = unflatten(canonical)
-        self.param_specs = map_blocks(self.canonical_specs, self._stage_spec)
+        canonical = plan_specs(model, parallel)
+        layout = functools.partial(DataLayout, parallel.zero, dict(mesh.shape))
+        #: the zero layout of the parameters as they run / as checkpoints hold them
+        self.layout = layout(map_blocks(canonical, self._stage_spec), self.param_shapes(),
+                             {STACKED: 2 if self.repeats > 1 else 1})
+        self.canonical_layout = layout(canonical, self.param_shapes(canonical=True),
+                                       {STACKED: 1})
+        self.param_specs = self.layout.param_specs
+        self.canonical_specs = self.canonical_layout.param_specs
         self.param_shardings = self._named(self.param_specs)
         self.canonical_shardings = self._named(self.canonical_specs)
         self.batch_sharding = NamedSharding(mesh, BATCH_SPEC)
+        self.fsdp = parallel.zero == 3 and not gspmd
+        if self.fsdp:
+            self.plan.layer_gather = functools.partial(self.layout.gather_layer,
+                                                       dtype=self.dtype)
 
     def _named(self, specs):
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
@@ -82,8 +114,7 @@ class ShardedModel:
 
     def param_shapes(self, canonical: bool = False) -> dict:
         """``ShapeDtypeStruct`` (global shape, fp32) of every parameter, as a nested dict."""
-        shapes = unflatten({p: jax.ShapeDtypeStruct(d.shape, jnp.float32)
-                            for p, d in self.defs.items()})
+        shapes = canonical_shapes(self.cfg)
         if canonical:
             return shapes
         return map_blocks(shapes, lambda s: jax.eval_shape(
@@ -97,41 +128,79 @@ class ShardedModel:
         return map_blocks(tree, lambda x: stage_layout(x, self.repeats))
 
     def init(self, seed: int) -> dict:
-        """Global fp32 parameters from ``(seed, path)``, placed with the plan's shardings (the
-        same values on any mesh and in any pipeline layout)."""
+        """Global fp32 parameters from ``(seed, path)``, placed with their shardings (the same
+        values on any mesh and in any pipeline layout)."""
         return init_params(self.defs, seed, self.param_shardings, transform=self.from_canonical)
 
-    def _region(self, fn, out_specs):
-        in_specs = (self.param_specs, BATCH_SPEC, BATCH_SPEC)
-        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+    # --- per device, inside a region -----------------------------------------------------
+    def region(self, fn, in_specs, out_specs):
+        """``fn`` run per device over the mesh (``jax.shard_map``). Specs are read without
+        the ``data`` and ``pipe`` axes where those have size 1: a value split over a size-1
+        axis would count as varying over it, and every reduction over it would be a real (if
+        trivial) all-reduce -- one copy of each gradient buffer."""
+        trivial = set(MESH_AXES) - set(region_axes(self.mesh.shape))
 
-    def _varying(self, params: dict) -> dict:
-        """Cast each parameter to 'varying' over the data (and pipe) axes it is not split on."""
-        def cast(p, spec):
-            axes = tuple(a for a in (DATA, PIPE) if a not in spec and self.mesh.shape[a] > 1)
-            return jax.lax.pcast(p, axes, to="varying") if axes else p
-        return jax.tree.map(cast, params, self.param_specs)
+        def strip(spec: P) -> P:
+            def entry(e):
+                kept = tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a not in trivial)
+                return None if not kept else kept[0] if len(kept) == 1 else kept
+            return P(*(None if e is None else entry(e) for e in spec))
 
+        def specs(tree):
+            return jax.tree.map(strip, tree, is_leaf=lambda x: isinstance(x, P))
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=specs(in_specs),
+                             out_specs=specs(out_specs))
+
+    @property
+    def loss_axes(self) -> tuple[str, ...]:
+        """The axes a per-device loss is summed over (the loss lives on the last stage)."""
+        return tuple(a for a in (DATA, PIPE) if self.mesh.shape[a] > 1)
+
+    def bound(self, params: dict) -> Decoder:
+        """The decoder holding this device's ``params`` -- stored layout, FSDP's non-layer
+        parameters gathered (``layout.gather_globals``) -- cast to the compute dtype (FSDP
+        layer parameters are gathered and cast per layer, by the plan's ``layer_params``)."""
+        cast = lambda p: p.astype(self.dtype)  # noqa: E731
+        if self.fsdp:
+            params = {k: v if k == STACKED else jax.tree.map(cast, v) for k, v in params.items()}
+        else:
+            params = jax.tree.map(cast, params)
+        return bind(self.cfg, params)
+
+    def local_loss(self, params: dict, inputs: jax.Array, targets: jax.Array,
+                   n_tokens: int) -> jax.Array:
+        """This device's share of the mean loss: the sum of its tokens' cross-entropies over
+        ``n_tokens`` (the step's global token count), zero on all but the last pipeline stage;
+        summed over :attr:`loss_axes` it is the mean. ``inputs``/``targets`` ``[b, s]``: this
+        data shard's rows; ``params``: as for :meth:`bound`."""
+        model = self.bound(params)
+        if self.pipelined:
+            par = self.parallel
+            per_token = pipeline_token_loss(model, self.plan, inputs, targets,
+                                            par.microbatches, self.repeats)
+        else:
+            per_token = model.token_loss(inputs, targets, self.plan)
+        return jnp.sum(per_token) / n_tokens
+
+    # --- whole-mesh functions --------------------------------------------------------------
     def loss(self, params: dict, inputs: jax.Array, targets: jax.Array) -> jax.Array:
         """Mean next-token cross-entropy over the global batch (``inputs``, ``targets``:
         int ``[batch, seq]`` on ``data``)."""
         n_tokens = math.prod(inputs.shape)
-        par = self.parallel
         if self.gspmd:
             model = bind(self.cfg, params, self.dtype)
             local = Plan(self.plan.grouped, self.plan.remat)
             return jnp.sum(model.token_loss(inputs, targets, local)) / n_tokens
 
         def local(params, inputs, targets):
-            model = bind(self.cfg, self._varying(params), self.dtype)
-            if self.pipelined:  # the loss lives on the last stage
-                per_token = pipeline_token_loss(model, self.plan, inputs, targets,
-                                                par.microbatches, self.repeats)
-                return jax.lax.psum(jnp.sum(per_token), (DATA, PIPE)) / n_tokens
-            per_token = model.token_loss(inputs, targets, self.plan)
-            return jax.lax.psum(jnp.sum(per_token), DATA) / n_tokens
+            # marked varying where replicated: a gradient taken from outside is then reduced
+            # once per step, not once per use
+            params = self.layout.differentiable(self.layout.gather_globals(params))
+            share = self.local_loss(params, inputs, targets, n_tokens)
+            return jax.lax.psum(share, self.loss_axes) if self.loss_axes else share
 
-        return self._region(local, P())(params, inputs, targets)
+        in_specs = (self.param_specs, BATCH_SPEC, BATCH_SPEC)
+        return self.region(local, in_specs, P())(params, inputs, targets)
 
     def logits(self, params: dict, tokens: jax.Array) -> jax.Array:
         """Logits ``[batch, seq, vocab]`` in fp32 (batch on ``data``; no pipeline)."""
@@ -139,9 +208,8 @@ class ShardedModel:
             raise NotImplementedError("logits() runs the model unpipelined; under pipeline "
                                       "parallelism use loss()")
 
-        def local(params, tokens, _):
-            model = bind(self.cfg, params, self.dtype)
-            return model.logits(tokens, self.plan)
+        def local(params, tokens):
+            return self.bound(self.layout.gather_globals(params)).logits(tokens, self.plan)
 
-        return self._region(local, P(DATA, None, self.plan.rules.get("vocab")))(params, tokens,
-                                                                               tokens)
+        out = P(DATA, None, self.plan.rules.get("vocab"))
+        return self.region(local, (self.param_specs, BATCH_SPEC), out)(params, tokens)

@@ -8,10 +8,12 @@ The train step of the configured model, plan and mesh is compiled for abstract i
 and no parameters are needed; on a CPU host the mesh's devices are simulated). The report lists
 every collective (op, dtype, per-device shape, bytes, mesh axes of its replica groups, runs per
 step with loop trip counts applied, forward or backward, and where: ``layer``, ``step`` for the
-model's boundary, ``optimizer`` for reductions outside the model's shard_map region), totals per
-mesh axis, tensor-axis traffic per layer per token against SPEC §6.2's formula, and the
-compiler's memory and cost analyses. ``--check`` exits 1 when the measured traffic differs
-from the prediction.
+model's boundary, ``optimizer`` for the update's gradient reduction, norm and parameter
+gathers), totals per mesh axis (elements, bytes, ring wire bytes), tensor-axis traffic per
+layer per token against SPEC §6.2's formula, every axis's traffic per step against the
+formulas of analysis/comm.py (data-axis and ZeRO / FSDP / accumulation collectives included),
+and the compiler's memory and cost analyses. ``--check`` exits 1 when the measured traffic
+differs from the prediction.
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ def define_flags() -> None:
 GIB = 2**30
 
 
-def _where(c, scanned: int, gspmd: bool) -> str:
-    # the model's collectives run inside value_and_grad ("jvp"), and in its shard_map region
-    if "jvp(" not in c.op_name or not (gspmd or "shard_map" in c.op_name):
+def _where(c, run: dict) -> str:
+    """``layer`` (in the layer loop), ``step`` (the model's other collectives: they run inside
+    value_and_grad, "jvp") or ``optimizer`` (gradient reduction, norm, parameter gathers)."""
+    from boost_jax.analysis.comm import in_layer_loop
+
+    if "jvp(" not in c.op_name:
         return "optimizer"
-    return "layer" if scanned and c.trips and c.trips[-1] == scanned else "step"
+    return "layer" if in_layer_loop(c, run) else "step"
 
 
 def compile_step(config: Config, devices=None, gspmd: bool = False):
@@ -58,8 +63,8 @@ def compile_step(config: Config, devices=None, gspmd: bool = False):
     t = config.train
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel, devices),
                          jnp.dtype(t.dtype), gspmd=gspmd)
-    tx, schedule = make_optimizer(t)
-    return model, tx, compile_train_step(model, tx, schedule, t.batch_size, t.seq_len)
+    opt = make_optimizer(t)
+    return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len)
 
 
 def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None,
@@ -79,12 +84,12 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
         with open(dump_hlo, "w") as f:
             f.write(hlo)
     colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
-    measured = measure(colls, m, par, t.batch_size, t.seq_len, model_only=not gspmd)
+    measured = measure(colls, m, par, t.batch_size, t.seq_len)
     predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype)
-    scanned = schedule(m, par, t.batch_size, t.seq_len)["looped"]
+    run = schedule(m, par, t.batch_size, t.seq_len)
     rows = collections.Counter(
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,
-         "bwd" if c.backward else "fwd", _where(c, scanned, gspmd)) for c in colls)
+         "bwd" if c.backward else "fwd", _where(c, run)) for c in colls)
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
@@ -137,10 +142,10 @@ def format_report(rep: dict) -> str:
         shape = "[" + ",".join(map(str, r["shape"])) + "]"
         lines.append(f"  {r['op']:<19}{r['axes']:<13}{r['dtype']:<6}{shape:<22}{r['bytes']:>13,}"
                      f"{r['runs']:>6}{r['instances']:>4}  {r['direction']}  {r['where']}")
-    lines += ["", "totals per mesh axis per step"]
+    lines += ["", "totals per mesh axis per step (wire: bytes each device sends, ring)"]
     for axes, v in sorted(rep["per_axis"].items()):
-        lines.append(f"  {axes:<14}{v['count']:>6} collectives {v['elements']:>16,} elements "
-                     f"{v['bytes']:>16,} bytes")
+        lines.append(f"  {axes:<18}{v['count']:>6} collectives {v['elements']:>16,} elements "
+                     f"{v['bytes']:>16,} bytes {v['wire_bytes']:>16,.0f} wire")
     m, p = rep["measured"], rep["predicted"]
     lines += ["", "tensor axis                          measured      formula",
               f"  per layer per token, forward  {m['layer_fwd']:>12,.1f} {p['layer_fwd']:>12,.1f}"

@@ -29,7 +29,7 @@ from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter, progress_line
-from boost_jax.train.optim import make_optimizer
+from boost_jax.train.optim import Optimizer, make_optimizer
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
@@ -138,12 +138,12 @@ class _Reporter:
             logging.info(progress_line(step, self.total, values))
 
 
-def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, tx, config: Config,
+def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, opt: Optimizer, config: Config,
                      train_it) -> tuple[dict, int]:
-    restored = ckpt.restore_latest(abstract_state(model, tx, canonical=True),
+    restored = ckpt.restore_latest(abstract_state(model, opt, canonical=True),
                                    check_meta=lambda saved: _check_resume(saved, config))
     if restored is not None:
-        state, meta = from_checkpoint_layout(model, tx, restored[0]), restored[1]
+        state, meta = from_checkpoint_layout(model, opt, restored[0]), restored[1]
         train_it.set_state(meta["data_state"])
         start = int(jax.device_get(state["step"]))
         logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
@@ -152,7 +152,7 @@ def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, tx, config: Config
     n_params = sum(math.prod(d.shape) for d in model.defs.values())
     logging.info("initialised %s/%s (%s parameters) from seed %d", m.arch, m.size,
                  f"{n_params:,}", config.train.seed)
-    return init_state(model, tx, config.train.seed), 0
+    return init_state(model, opt, config.train.seed), 0
 
 
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
@@ -168,7 +168,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
         raise ConfigError(f"Model.vocab_size={m_cfg.vocab_size} is smaller than the vocabulary "
                           f"of the dataset's tokenizer ({dataset.vocab_size})")
     model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
-    tx, schedule = make_optimizer(t_cfg)
+    opt = make_optimizer(t_cfg)
     rows = local_batch_rows(mesh, t_cfg.batch_size)
     train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, rows,
                               config.data.worker_count)
@@ -179,13 +179,13 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
     meta = {"config": config.to_dict(), "process_count": pc,
             "worker_count": config.data.worker_count}  # + "data_state" at every save
-    state, start = _restore_or_init(ckpt, model, tx, config, train_it)
+    state, start = _restore_or_init(ckpt, model, opt, config, train_it)
     if pi == 0:
         _write_config(workdir, config)
     writer = MetricsWriter(workdir, start, enabled=pi == 0)
 
     t0 = time.perf_counter()
-    step_fn = compile_train_step(model, tx, schedule, t_cfg.batch_size, t_cfg.seq_len)
+    step_fn = compile_train_step(model, opt, t_cfg.batch_size, t_cfg.seq_len)
     eval_fn = make_eval_step(model)
     tokens = t_cfg.batch_size * t_cfg.seq_len
     device_kind = mesh.devices.flat[0].device_kind
@@ -214,7 +214,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                 report(*pending)
             pending = (step, metrics)
             if step % t_cfg.checkpoint_every == 0 and step < t_cfg.steps:
-                ckpt.save(step, to_checkpoint_layout(model, tx, state),
+                ckpt.save(step, to_checkpoint_layout(model, opt, state),
                           {**meta, "data_state": train_it.get_state()})
             if step % t_cfg.eval_every == 0 and step < t_cfg.steps:
                 report(*pending)
@@ -222,7 +222,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
         if pending is not None:
             report(*pending)
         interrupted = stop.signum
-    ckpt.save(step, to_checkpoint_layout(model, tx, state),
+    ckpt.save(step, to_checkpoint_layout(model, opt, state),
               {**meta, "data_state": train_it.get_state()}, wait=True)
     if interrupted is not None:
         logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the same "

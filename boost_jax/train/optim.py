@@ -1,9 +1,19 @@
 """AdamW with linear warm-up, cosine decay to a floor, weight decay and global-norm clipping
-(CoLA's recipe: betas 0.9/0.999, weight decay 0.01, clip 0.5, floor 0.1 x peak)."""
+(CoLA's recipe: betas 0.9/0.999, weight decay 0.01, clip 0.5, floor 0.1 x peak).
+
+The optimizer is an elementwise optax transformation, so it runs unchanged on any shard of the
+parameters (inside the model's ``shard_map`` region, on a ZeRO slice). Clipping needs the
+global norm, which on sharded gradients takes a collective: the train step computes it (with
+:meth:`DataLayout.global_norm <boost_jax.parallel.zero.DataLayout.global_norm>`, or
+``optax.global_norm`` on global arrays) and clips with :func:`clip_by_norm`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import optax
 
 from boost_jax.config import Train
@@ -32,11 +42,26 @@ def decay_mask(params: dict) -> dict:
         lambda path, _: not any(getattr(k, "key", None) in NO_DECAY for k in path), params)
 
 
-def make_optimizer(train: Train) -> tuple[optax.GradientTransformation, optax.Schedule]:
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """``tx``: the elementwise update (masked AdamW on the schedule); ``schedule``: its learning
+    rate per step; ``max_norm``: the global gradient norm clipped to before ``tx``."""
+
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    max_norm: float
+
+
+def make_optimizer(train: Train) -> Optimizer:
     schedule = lr_schedule(train)
-    tx = optax.chain(
-        optax.clip_by_global_norm(train.grad_clip),
-        optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=1e-8,
-                    weight_decay=train.weight_decay, mask=decay_mask),
-    )
-    return tx, schedule
+    tx = optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=1e-8,
+                     weight_decay=train.weight_decay, mask=decay_mask)
+    return Optimizer(tx, schedule, train.grad_clip)
+
+
+def clip_by_norm(grads, norm: jax.Array, max_norm: float):
+    """``optax.clip_by_global_norm`` with the norm given: gradients scaled by
+    ``max_norm / norm`` when ``norm`` exceeds it. (A scalar factor times each gradient: XLA
+    fuses the product into the update instead of writing the clipped gradients out.)"""
+    scale = jnp.where(norm >= max_norm, max_norm / norm, 1.0)
+    return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)

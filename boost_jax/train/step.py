@@ -1,130 +1,230 @@
 """Train state, its shardings, and the jitted train / eval steps.
 
-The state is a plain dict ``{"step": int32[], "params": ..., "opt_state": ...}``; parameters are
-fp32 and placed by the plan's PartitionSpecs, the optimizer moments mirror them, and the
-optimizer's scalars are replicated.
+The state is a plain dict ``{"step": int32[], "params": ..., "opt_state": ...}``. Parameters
+are fp32 and placed by the model's layout (the plan's PartitionSpecs, split over ``data`` too
+under FSDP); the optimizer moments by the zero layout's moment specs (split over ``data`` at
+``Parallel.zero`` 1 and 3); the optimizer's scalars are replicated.
+
+The train step of the explicit plans runs per device, whole, in one ``shard_map`` region
+(``ShardedModel.region``): ``Parallel.grad_accum`` micro-steps of gradients summed in fp32
+(a ``lax.scan``), their reduction over ``data`` as the zero stage says, the global norm (one
+scalar all-reduce), clipping, the AdamW update of this device's slice and, at stage 1, the
+all-gather of the updated slices. The state is donated, so parameters and moments are updated
+in place and no gradient buffer crosses a region boundary. The GSPMD baseline runs the same
+steps as one global program under ``jit``.
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.parallel.plans.base import DATA
-from boost_jax.parallel.runner import ShardedModel
+from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
+from boost_jax.train.optim import Optimizer, clip_by_norm
+
+BATCH_KEYS = ("inputs", "targets")
 
 
-def _shapes(model: ShardedModel, tx: optax.GradientTransformation, canonical: bool) -> dict:
+def _shapes(model: ShardedModel, opt: Optimizer, canonical: bool) -> dict:
     params = model.param_shapes(canonical)
     return {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
-            "opt_state": jax.eval_shape(tx.init, params)}
+            "opt_state": jax.eval_shape(opt.tx.init, params)}
 
 
-def zero_spec(spec: P, shape: tuple[int, ...], data: int) -> P:
-    """ZeRO-1: also split an optimizer moment over ``data``, on its first dimension that is
-    not split yet and divides evenly (moments too small to split stay replicated)."""
-    entries = list(spec) + [None] * (len(shape) - len(spec))
-    for i, (entry, size) in enumerate(zip(entries, shape)):
-        if entry is None and size % data == 0:
-            entries[i] = DATA
-            return P(*entries)
-    return spec
+def state_specs(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
+    """PartitionSpecs of the state: parameters by the model's layout, optimizer moments by
+    the zero layout's moment specs, scalars replicated. ``canonical``: block parameters in
+    the checkpoint layout ``[L, ...]``."""
+    layout = model.canonical_layout if canonical else model.layout
+    opt_state = optax.tree_map_params(
+        opt.tx, lambda _, spec: spec, _shapes(model, opt, canonical)["opt_state"],
+        layout.moment_specs, transform_non_params=lambda _: P(),
+        is_leaf=lambda x: isinstance(x, P))
+    return {"step": P(), "params": layout.param_specs, "opt_state": opt_state}
 
 
-def state_shardings(model: ShardedModel, tx: optax.GradientTransformation,
-                    canonical: bool = False) -> dict:
-    """Shardings of the state: parameters by the plan, optimizer moments like their parameter
-    (and, with ``Parallel.zero=1``, split over ``data`` too), scalars replicated.
-    ``canonical``: block parameters in the checkpoint layout ``[L, ...]``."""
-    mesh, data = model.mesh, model.parallel.data
-    replicated = NamedSharding(mesh, P())
-    params = model.canonical_shardings if canonical else model.param_shardings
-
-    def moment(shape, sharding):
-        if model.parallel.zero == 1:
-            return NamedSharding(mesh, zero_spec(sharding.spec, shape.shape, data))
-        return sharding
-
-    opt = optax.tree_map_params(tx, moment, _shapes(model, tx, canonical)["opt_state"], params,
-                                transform_non_params=lambda _: replicated)
-    return {"step": replicated, "params": params, "opt_state": opt}
+def state_shardings(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
+    return jax.tree.map(lambda s: NamedSharding(model.mesh, s), state_specs(model, opt, canonical),
+                        is_leaf=lambda x: isinstance(x, P))
 
 
-def abstract_state(model: ShardedModel, tx: optax.GradientTransformation,
-                   canonical: bool = False) -> dict:
+def abstract_state(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
     """ShapeDtypeStructs (with shardings) of the state; ``canonical=True`` gives the layout
     checkpoints hold."""
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        _shapes(model, tx, canonical), state_shardings(model, tx, canonical))
+                        _shapes(model, opt, canonical), state_shardings(model, opt, canonical))
 
 
-def to_checkpoint_layout(model: ShardedModel, tx: optax.GradientTransformation, state: dict):
+def to_checkpoint_layout(model: ShardedModel, opt: Optimizer, state: dict):
     """The state in the canonical block layout (a copy; the identity unless the schedule is
     circular)."""
     if model.repeats == 1:
         return state
-    out = state_shardings(model, tx, canonical=True)
+    out = state_shardings(model, opt, canonical=True)
     return jax.jit(model.to_canonical, out_shardings=out)(state)
 
 
-def from_checkpoint_layout(model: ShardedModel, tx: optax.GradientTransformation, state: dict):
+def from_checkpoint_layout(model: ShardedModel, opt: Optimizer, state: dict):
     if model.repeats == 1:
         return state
-    return jax.jit(model.from_canonical, out_shardings=state_shardings(model, tx))(state)
+    return jax.jit(model.from_canonical, out_shardings=state_shardings(model, opt))(state)
 
 
-def init_state(model: ShardedModel, tx: optax.GradientTransformation, seed: int) -> dict:
+def init_state(model: ShardedModel, opt: Optimizer, seed: int) -> dict:
     params = model.init(seed)
-    shardings = state_shardings(model, tx)
-    opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
+    shardings = state_shardings(model, opt)
+    opt_state = jax.jit(opt.tx.init, out_shardings=shardings["opt_state"])(params)
     step = jax.device_put(jnp.zeros((), jnp.int32), shardings["step"])
     return {"step": step, "params": params, "opt_state": opt_state}
 
 
-def make_train_step(model: ShardedModel, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule):
+# --- gradients -----------------------------------------------------------------------------
+def _zeros(like: jax.ShapeDtypeStruct) -> jax.Array:
+    """fp32 zeros of ``like``'s shape, varying over the mesh axes ``like`` varies over (a
+    ``lax.scan`` carry must keep its type)."""
+    zeros = jnp.zeros(like.shape, jnp.float32)
+    manual = getattr(like, "manual_axis_type", None)
+    axes = tuple(sorted(manual.varying)) if manual is not None else ()
+    return lax.pcast(zeros, axes, to="varying") if axes else zeros
+
+
+def accumulate(grad_fn, params, inputs: jax.Array, targets: jax.Array, steps: int):
+    """``grad_fn(params, inputs, targets) -> (loss, grads)`` summed over ``steps`` micro-steps
+    in a ``lax.scan`` (fp32 sums); micro-step ``i`` takes rows ``i, i + steps, ...`` of
+    ``inputs``/``targets`` ``[b, s]``, so only one micro-step's activations are alive at a
+    time."""
+    if steps == 1:
+        return grad_fn(params, inputs, targets)
+
+    def micro(x):  # [b, s] -> [steps, b / steps, s]
+        return jnp.swapaxes(x.reshape(x.shape[0] // steps, steps, *x.shape[1:]), 0, 1)
+
+    batches = (micro(inputs), micro(targets))
+
+    def body(total, batch):
+        out = grad_fn(params, *batch)
+        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), total, out), None
+
+    shapes = jax.eval_shape(grad_fn, params, *(b[0] for b in batches))
+    total, _ = lax.scan(body, jax.tree.map(_zeros, shapes), batches)
+    return total
+
+
+def local_grads(model: ShardedModel, params: dict, inputs: jax.Array, targets: jax.Array,
+                n_tokens: int) -> tuple[jax.Array, dict]:
+    """Per device, inside the region: the mean loss of the global step (``n_tokens`` tokens)
+    and its gradients with respect to ``params`` (stored layout), accumulated over
+    ``Parallel.grad_accum`` micro-steps and reduced over ``data`` by the zero stage (laid out
+    by ``model.layout.moment_specs``)."""
+    def grad_fn(p, x, y):
+        return jax.value_and_grad(model.local_loss)(p, x, y, n_tokens)
+
+    layout = model.layout
+    params = layout.differentiable(layout.gather_globals(params))
+    loss, grads = accumulate(grad_fn, params, inputs, targets, model.parallel.grad_accum)
+    if model.loss_axes:
+        loss = lax.psum(loss, model.loss_axes)
+    return loss, layout.reduce(grads)
+
+
+def global_grads(model: ShardedModel, params: dict, inputs: jax.Array, targets: jax.Array
+                 ) -> tuple[jax.Array, dict]:
+    """The GSPMD baseline's loss and gradients (global arrays, plain ``jit``)."""
+    k = model.parallel.grad_accum
+    grad_fn = jax.value_and_grad(lambda p, x, y: model.loss(p, x, y) / k)
+    return accumulate(grad_fn, params, inputs, targets, k)
+
+
+def make_grad_fn(model: ShardedModel, opt: Optimizer):
+    """``grads(params, batch) -> (loss, grads)``, jitted: the train step's gradients before
+    clipping (laid out like the optimizer moments). For tests and analysis."""
+    specs = state_specs(model, opt)
+    batch_specs = {k: BATCH_SPEC for k in BATCH_KEYS}
+    if model.gspmd:
+        def fn(params, batch):
+            return global_grads(model, params, batch["inputs"], batch["targets"])
+    else:
+        def local(params, batch):
+            n_tokens = math.prod(batch["inputs"].shape) * model.mesh.shape["data"]
+            return local_grads(model, params, batch["inputs"], batch["targets"], n_tokens)
+
+        fn = model.region(local, (specs["params"], batch_specs), (P(), moment_specs(model)))
+    named = lambda tree: jax.tree.map(lambda s: NamedSharding(model.mesh, s), tree,  # noqa
+                                      is_leaf=lambda x: isinstance(x, P))
+    return jax.jit(fn, in_shardings=(named(specs["params"]), named(batch_specs)),
+                   out_shardings=(named(P()), named(moment_specs(model))))
+
+
+def moment_specs(model: ShardedModel) -> dict:
+    return model.layout.moment_specs
+
+
+# --- the train step ------------------------------------------------------------------------
+def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm) -> tuple:
+    """Clip, AdamW on this device's slice of the parameters, gather the slices."""
+    layout = model.layout if not model.gspmd else None
+    params = state["params"] if layout is None else layout.local_slice(state["params"])
+    updates, opt_state = opt.tx.update(clip_by_norm(grads, norm, opt.max_norm),
+                                       state["opt_state"], params)
+    params = optax.apply_updates(params, updates)
+    if layout is not None:
+        params = layout.gather_slices(params)
+    metrics = {"loss": loss, "grad_norm": norm, "lr": opt.schedule(state["step"])}
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+
+
+def make_train_step(model: ShardedModel, opt: Optimizer):
     """``step(state, batch) -> (state, metrics)``, jitted with the state donated.
 
     ``batch`` holds global int32 ``inputs``/``targets`` ``[batch, seq]`` sharded on ``data``;
     metrics are replicated scalars: loss, grad_norm (before clipping) and lr.
     """
-    shardings = state_shardings(model, tx)
-    batch_shardings = {"inputs": model.batch_sharding, "targets": model.batch_sharding}
-    replicated = NamedSharding(model.mesh, P())
+    specs = state_specs(model, opt)
+    batch_specs = {k: BATCH_SPEC for k in BATCH_KEYS}
 
-    def step(state, batch):
-        loss, grads = jax.value_and_grad(model.loss)(state["params"], batch["inputs"],
-                                                     batch["targets"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-                   "lr": schedule(state["step"])}
-        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+    if model.gspmd:
+        def step(state, batch):
+            loss, grads = global_grads(model, state["params"], batch["inputs"],
+                                       batch["targets"])
+            return _update(model, opt, state, loss, grads, optax.global_norm(grads))
+    else:
+        def local_step(state, batch):
+            n_tokens = math.prod(batch["inputs"].shape) * model.mesh.shape["data"]
+            loss, grads = local_grads(model, state["params"], batch["inputs"],
+                                      batch["targets"], n_tokens)
+            return _update(model, opt, state, loss, grads, model.layout.global_norm(grads))
 
-    return jax.jit(step, in_shardings=(shardings, batch_shardings),
-                   out_shardings=(shardings, replicated), donate_argnums=0)
+        step = model.region(local_step, (specs, batch_specs), (specs, P()))
+
+    def named(tree):
+        return jax.tree.map(lambda s: NamedSharding(model.mesh, s), tree,
+                            is_leaf=lambda x: isinstance(x, P))
+    return jax.jit(step, in_shardings=(named(specs), named(batch_specs)),
+                   out_shardings=(named(specs), named(P())), donate_argnums=0)
 
 
 def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int) -> dict:
     """ShapeDtypeStructs of a global batch (``inputs``/``targets`` int32 on ``data``)."""
     return {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32,
-                                    sharding=model.batch_sharding) for k in ("inputs", "targets")}
+                                    sharding=model.batch_sharding) for k in BATCH_KEYS}
 
 
-def compile_train_step(model: ShardedModel, tx: optax.GradientTransformation,
-                       schedule: optax.Schedule, batch_size: int, seq_len: int):
+def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq_len: int):
     """The train step compiled ahead of time for abstract inputs (no data, no parameters)."""
-    return make_train_step(model, tx, schedule).lower(
-        abstract_state(model, tx), abstract_batch(model, batch_size, seq_len)).compile()
+    return make_train_step(model, opt).lower(
+        abstract_state(model, opt), abstract_batch(model, batch_size, seq_len)).compile()
 
 
 def make_eval_step(model: ShardedModel):
     """``eval_step(params, batch) -> mean loss`` of one global batch."""
     replicated = NamedSharding(model.mesh, P())
-    batch_shardings = {"inputs": model.batch_sharding, "targets": model.batch_sharding}
+    batch_shardings = {k: model.batch_sharding for k in BATCH_KEYS}
     return jax.jit(lambda params, batch: model.loss(params, batch["inputs"], batch["targets"]),
                    in_shardings=(model.param_shardings, batch_shardings),
                    out_shardings=replicated)

@@ -92,7 +92,10 @@ def test_permute_pairs(colls):
 
 def test_totals(colls):
     t = totals(list(colls.values()))
-    assert t[("tensor",)] == {"count": 7, "elements": 6 * 32 + 256, "bytes": 6 * 64 + 512}
+    # ring wire bytes: an all-reduce 2 (n-1)/n of its array, an all-gather (n-1)/n
+    assert t[("tensor",)] == {"count": 7, "elements": 6 * 32 + 256, "bytes": 6 * 64 + 512,
+                              "wire_bytes": 6 * 64 * 2 * 3 / 4 + 512 * 3 / 4}
+    assert colls["rs"].wire_bytes == 4 * 4 / 2  # a reduce-scatter's full input, (n-1)/n
 
 
 @pytest.mark.parametrize("attrs, groups", [

@@ -14,6 +14,8 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
 ``final_hidden``   residual stream -> the full hidden state the final norm and head read
 ``logits``         hidden -> (possibly vocab-sharded) logits
 ``token_loss``     logits + targets -> per-token cross-entropy (fp32)
+``layer_params``   a layer's stored parameters -> the ones its block computes with (the
+                   identity, or under FSDP their all-gather over ``data``; set by the runner)
 =================  ==========================================================================
 
 ``gemm`` arguments are callables holding the local matrix products (returning an array or a
@@ -42,6 +44,14 @@ Gemm = Callable[[jax.Array], Any]
 
 DATA, PIPE, TENSOR = "data", "pipe", "tensor"
 MESH_AXES = (DATA, PIPE, TENSOR)
+
+
+def region_axes(mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
+    """The mesh axes a value can vary over inside a region: ``tensor`` (the plans' collectives
+    name it whatever its size), and ``data`` / ``pipe`` where larger than 1 -- a size-1
+    ``data`` or ``pipe`` axis is left out of every spec (``ShardedModel.region``), so that no
+    gradient is ever all-reduced over one device."""
+    return tuple(a for a in MESH_AXES if a == TENSOR or mesh_shape[a] > 1)
 
 
 def f_op(x):
@@ -73,6 +83,8 @@ class Plan:
         self.grouped = grouped
         #: activation-checkpointing policy of the decoder blocks (parallel/remat.py)
         self.remat = remat
+        #: FSDP's per-layer gather (parallel/zero.py), installed by the runner; None: identity
+        self.layer_gather: Callable[[Any], Any] | None = None
 
     def check(self, model: Model, tensor: int) -> None:
         """Raise ConfigError if ``model`` cannot run under this plan at TP degree ``tensor``."""
@@ -95,6 +107,10 @@ class Plan:
         return P(*(self.rules.get(a) if a is not None else None for a in axes))
 
     # --- boundary functions (per device) -------------------------------------------------
+    def layer_params(self, layer):
+        """One layer's parameters (stacked axes indexed away) as its block uses them."""
+        return layer if self.layer_gather is None else self.layer_gather(layer)
+
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
         """``tokens [b, s]`` int, ``table [V, d]`` -> residual ``[b, s, d]``."""
         return jnp.take(table, tokens, axis=0)

@@ -1,0 +1,239 @@
+"""The train state's layout over the ``data`` mesh axis (``Parallel.zero``) and the data-axis
+collectives of the train step, all run inside the model's ``shard_map`` region.
+
+``0``  parameters, gradients and optimizer state replicated over ``data``; the gradients are
+       all-reduced once per step (after accumulation), in fp32.
+``1``  ZeRO-1: each parameter has a *zero dim*, split over ``data`` in its optimizer moments.
+       The gradients are reduce-scattered onto that split, every data rank updates its slice
+       of the parameters, and the updated slices are all-gathered: a reduce-scatter and an
+       all-gather move what the one all-reduce moved.
+``3``  FSDP: the parameters are split like the moments. Inside the loss, each layer's
+       parameters are all-gathered in the layer loop right before the layer runs, and the
+       embedding, head and final norm once at the top; the transposes reduce-scatter the
+       gradients (per layer, inside the backward loop, where a GPU overlaps them with the next
+       layer's backward). A gathered layer is never kept for the backward pass: the layer is
+       rematerialised and gathers its parameters again.
+
+The zero dim is the first dimension of a layer's parameter (past the stacked layer axes) whose
+local size under the plan divides by ``data``; one already split over ``tensor`` is split
+further (``P(("tensor", "data"))``), so all-gathering the ``data`` slices rebuilds the tensor
+shard. A parameter without such a dimension stays replicated (and all-reduced) at every stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from boost_jax.parallel.plans.base import DATA, PIPE, region_axes
+from boost_jax.parallel.remat import GATHERED, tag
+
+
+def _split(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _with_data(spec: P, dim: int, ndim: int) -> P:
+    """``spec`` with ``data`` added (minor) to dimension ``dim``."""
+    entries = list(spec) + [None] * (ndim - len(spec))
+    axes = (*_split(entries[dim]), DATA)
+    entries[dim] = axes[0] if len(axes) == 1 else axes
+    return P(*entries)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One parameter's data-parallel layout.
+
+    ``spec``: the plan's PartitionSpec (pipeline layout included); ``dim``: its zero dim
+    (``None``: replicated over ``data``); ``layer_dims``: leading stacked-layer axes;
+    ``reduce``: the axes (``data``, ``pipe``, size > 1) its stored copy is replicated over,
+    i.e. over which its gradient is summed.
+    """
+
+    spec: P
+    shape: tuple[int, ...]
+    dim: int | None
+    layer_dims: int
+    reduce: tuple[str, ...]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _keys(path) -> tuple:
+    """The dict keys of a pytree path (an ``nnx.State``'s ``.value`` hop dropped)."""
+    return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
+class DataLayout:
+    """The ``Parallel.zero`` layout of a parameter tree on a mesh (see the module docstring).
+
+    Args:
+      stage: 0, 1 or 3.
+      mesh_shape: ``{axis: size}`` of the ``(data, pipe, tensor)`` mesh.
+      specs, shapes: the plan's PartitionSpecs and the global shapes of the parameters (nested
+        dicts); ``stacked`` maps a top-level key (the decoder's ``blocks``) to the number of
+        leading layer axes of its leaves.
+    """
+
+    def __init__(self, stage: int, mesh_shape: Mapping[str, int], specs: dict, shapes: dict,
+                 stacked: Mapping[str, int]):
+        self.stage, self.mesh_shape = stage, dict(mesh_shape)
+        self.data = self.mesh_shape[DATA]
+
+        def leaf(path, spec, shape):
+            keys = _keys(path)
+            layer_dims = stacked.get(keys[0], 0)
+            return self._leaf(spec, shape.shape, layer_dims)
+
+        self.leaves = jax.tree_util.tree_map_with_path(
+            leaf, specs, shapes, is_leaf=lambda x: isinstance(x, P))
+        #: the stacked collection's leaves by their path below it (for the layer loop)
+        self.block_leaves = {
+            _keys(p)[1:]: lf for p, lf in jax.tree_util.tree_leaves_with_path(
+                self.leaves, is_leaf=lambda x: isinstance(x, Leaf))
+            if _keys(p)[0] in stacked}
+
+    def _leaf(self, spec: P, shape: tuple[int, ...], layer_dims: int) -> Leaf:
+        dim = None
+        if self.stage > 0 and self.data > 1:
+            entries = list(spec) + [None] * (len(shape) - len(spec))
+            for i in range(layer_dims, len(shape)):
+                split = math.prod(self.mesh_shape[a] for a in _split(entries[i]))
+                if (shape[i] // split) % self.data == 0:
+                    dim = i
+                    break
+        stored = _with_data(spec, dim, len(shape)) if self.stage == 3 and dim is not None \
+            else spec
+        used = {a for e in stored for a in _split(e)}
+        reduce = tuple(a for a in (DATA, PIPE) if a not in used and self.mesh_shape[a] > 1)
+        return Leaf(spec, tuple(shape), dim, layer_dims, reduce)
+
+    def local_size(self, lf: Leaf) -> int:
+        """Elements of a parameter on one device before any ``data`` split (its tensor and
+        pipe shard)."""
+        split = math.prod(self.mesh_shape[a] for e in lf.spec for a in _split(e))
+        return math.prod(lf.shape) // split
+
+    def items(self) -> list[Leaf]:
+        return jax.tree.leaves(self.leaves, is_leaf=lambda x: isinstance(x, Leaf))
+
+    def sharded(self, lf: Leaf) -> bool:
+        """Is the parameter's optimizer state (and, under FSDP, the parameter) split over
+        ``data``?"""
+        return lf.dim is not None
+
+    def fsdp(self, lf: Leaf) -> bool:
+        """Is the parameter itself split over ``data`` (and gathered where it is used)?"""
+        return self.stage == 3 and lf.dim is not None
+
+    def _map(self, fn, *trees):
+        return jax.tree.map(fn, self.leaves, *trees, is_leaf=lambda x: isinstance(x, Leaf))
+
+    # --- specs -------------------------------------------------------------------------------
+    @property
+    def param_specs(self) -> dict:
+        """Where parameters are stored: the plan's specs, split over ``data`` under FSDP."""
+        return self._map(lambda lf: _with_data(lf.spec, lf.dim, lf.ndim) if self.fsdp(lf)
+                         else lf.spec)
+
+    @property
+    def moment_specs(self) -> dict:
+        """Optimizer moments (and reduced gradients): split over ``data`` at stages 1 and 3."""
+        return self._map(lambda lf: _with_data(lf.spec, lf.dim, lf.ndim) if self.sharded(lf)
+                         else lf.spec)
+
+    # --- inside the region (per device) ------------------------------------------------------
+    def differentiable(self, params: dict) -> dict:
+        """Mark each stored parameter as varying over the axes it is replicated over, so that
+        gradients with respect to the result are this device's partial sums (reduced later by
+        :meth:`reduce`, once per step) rather than psum-ed where each use is transposed."""
+        return self._map(lambda lf, p: lax.pcast(p, lf.reduce, to="varying") if lf.reduce
+                         else p, params)
+
+    def gather_globals(self, params: dict) -> dict:
+        """FSDP: all-gather the non-stacked parameters (embedding, head, norms) over ``data``,
+        once per step (outside gradient accumulation). Identity at other stages and for the
+        stacked blocks (see :meth:`gather_layer`)."""
+        def gather(lf, p):
+            if not self.fsdp(lf) or lf.layer_dims:
+                return p
+            return lax.all_gather(p, DATA, axis=lf.dim, tiled=True)
+        return self._map(gather, params)
+
+    def gather_layer(self, layer, dtype) -> object:
+        """FSDP: one layer's parameters (stacked axes indexed away) all-gathered over ``data``,
+        cast to the compute ``dtype`` and tagged :data:`GATHERED` (never kept for backward)."""
+        def gather(path, p):
+            lf = self.block_leaves[_keys(path)]
+            if self.fsdp(lf):
+                p = lax.all_gather(p, DATA, axis=lf.dim - lf.layer_dims, tiled=True)
+                return tag(p.astype(dtype), GATHERED)
+            return p
+        return jax.tree_util.tree_map_with_path(gather, layer)
+
+    def partial_after_gather(self, lf: Leaf) -> bool:
+        """Is the parameter used whole (replicated, or gathered once per step) with its
+        gradient reduce-scattered after accumulation? Stage 1, and FSDP's non-layer
+        parameters (gathered once per step by :meth:`gather_globals`)."""
+        return self.sharded(lf) and (self.stage == 1 or not lf.layer_dims)
+
+    def reduce(self, grads: dict) -> dict:
+        """Sum this device's partial gradients over the axes each parameter is replicated
+        over: all-reduce (stage 0, and unsplit leaves), reduce-scatter onto the zero dim
+        (stage 1, FSDP's non-layer parameters), nothing for FSDP's layer parameters
+        (reduce-scattered in the backward pass). The result is laid out by
+        :attr:`moment_specs`."""
+        def reduce(lf, g):
+            axes = lf.reduce
+            if self.partial_after_gather(lf):
+                g = lax.psum_scatter(g, DATA, scatter_dimension=lf.dim, tiled=True)
+                axes = tuple(a for a in axes if a != DATA)
+            return lax.psum(g, axes) if axes else g
+        return self._map(reduce, grads)
+
+    def local_slice(self, params: dict) -> dict:
+        """Stage 1: this data rank's slice of each (replicated) parameter, the part it
+        updates; identity otherwise."""
+        def take(lf, p):
+            if self.stage != 1 or lf.dim is None:
+                return p
+            n = p.shape[lf.dim] // self.data
+            return lax.dynamic_slice_in_dim(p, lax.axis_index(DATA) * n, n, axis=lf.dim)
+        return self._map(take, params)
+
+    def gather_slices(self, params: dict) -> dict:
+        """Stage 1: all-gather the updated slices into replicated parameters (inverse of
+        :meth:`local_slice`); identity otherwise."""
+        def gather(lf, p):
+            if self.stage != 1 or lf.dim is None:
+                return p
+            return lax.all_gather(p, DATA, axis=lf.dim, tiled=True, to="invarying")
+        return self._map(gather, params)
+
+    def global_norm(self, grads: dict) -> jax.Array:
+        """The global L2 norm of gradients laid out by :attr:`moment_specs` (one scalar
+        all-reduce over the region's axes): each element counted once, replicas masked out."""
+        axes = region_axes(self.mesh_shape)
+
+        def local(lf, g):
+            s = jnp.sum(jnp.square(g.astype(jnp.float32)))
+            spec = _with_data(lf.spec, lf.dim, lf.ndim) if self.sharded(lf) else lf.spec
+            used = {a for e in spec for a in _split(e)}
+            for a in axes:
+                if a not in used and self.mesh_shape[a] > 1:  # replicated: count rank 0's
+                    s = jnp.where(lax.axis_index(a) == 0, s, 0.0)
+            return s
+        parts = jax.tree.leaves(self._map(local, grads))
+        total = sum(parts[1:], parts[0])
+        return jnp.sqrt(lax.psum(total, axes) if axes else total)
