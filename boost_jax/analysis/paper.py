@@ -8,8 +8,9 @@ llama_{3b,13b,30b}.yaml``, ``examples/config_llama_30b.yaml``,
 the trainer's gradient accumulation, one micro-step's activations alive at a time); 30B
 TP=4 x PP=4 (1F1B) with whole-layer recompute. Two assumptions of ours: the 1B TP=1 row runs
 one micro-batch of 4 like the 3B/13B configs, and the 30B row runs the paper's batch of 4 as 4
-micro-batches of 1 -- the repository's 30B config reads micro-batch 4 x accumulation 4 (batch 16), which would need at
-least 3.8 s of GEMMs on 16 A100s at 80% of peak, longer than the 2.43 s the paper measured.
+micro-batches of 1 -- the repository's 30B config reads micro-batch 4 x accumulation 4 (batch
+16), which would need at least 3.8 s of GEMMs on 16 A100s at 80% of peak, longer than the
+2.43 s the paper measured.
 """
 
 from __future__ import annotations
