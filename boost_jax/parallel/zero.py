@@ -70,6 +70,13 @@ class Leaf:
         return len(self.shape)
 
 
+def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``x`` marked varying over every axis of ``axes`` (a psum over them needs that)."""
+    have = jax.typeof(x).manual_axis_type.varying
+    missing = tuple(a for a in axes if a not in have)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
 def _keys(path) -> tuple:
     """The dict keys of a pytree path (an ``nnx.State``'s ``.value`` hop dropped)."""
     return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
@@ -235,5 +242,5 @@ class DataLayout:
                     s = jnp.where(lax.axis_index(a) == 0, s, 0.0)
             return s
         parts = jax.tree.leaves(self._map(local, grads))
-        total = sum(parts[1:], parts[0])
+        total = _varying(sum(parts[1:], parts[0]), axes)
         return jnp.sqrt(lax.psum(total, axes) if axes else total)

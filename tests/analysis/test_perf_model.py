@@ -44,6 +44,34 @@ def test_predicted_communication_is_what_the_compiled_step_sends(arch, plan, ten
     assert rep["measured"]["layer_bwd"] == sum(e for e, _ in bwd)
 
 
+@pytest.mark.parametrize("options", [
+    dict(data=2, tensor=4, zero=3, grad_accum=2),
+    dict(data=2, pipe=2, tensor=2, microbatches=2, zero=1, grad_accum=2)], ids=str)
+def test_predicted_data_parallel_traffic_is_the_compiled_one(options):
+    """FSDP and ZeRO-1 with accumulation: the model's per-axis volumes are the step's."""
+    parallel = Parallel(**options)
+    model = tiny("cola", n_layers=2 * parallel.pipe)
+    rep = build_report(Config(model, parallel, Train(batch_size=BATCH, seq_len=SEQ), Data()))
+    pred = predict(model, parallel, BATCH, SEQ, H100, dtype="float32")
+    assert pred.comm_elements == pytest.approx(rep["measured"]["steps"], rel=1e-12)
+    assert pred.breakdown["dp"] > 0
+
+
+def test_zero_stages_in_the_model():
+    """ZeRO-1 moves the all-reduce's bytes (same DP time), FSDP adds the per-layer gathers;
+    both split the model state, and accumulation keeps one micro-step's activations."""
+    m = Model(arch="cola", size="7b")
+    runs = {z: predict(m, Parallel(data=8, tensor=1, tp_plan="none", zero=z), 64, 4096, H100)
+            for z in (0, 1, 3)}
+    assert runs[1].breakdown["dp"] == pytest.approx(runs[0].breakdown["dp"], rel=0.02)
+    assert runs[3].breakdown["dp"] > 1.4 * runs[0].breakdown["dp"]
+    state = {z: r.memory["model_state"] for z, r in runs.items()}
+    assert state[3] < state[1] < state[0]
+    accum = predict(m, Parallel(data=8, tensor=1, tp_plan="none", grad_accum=4), 64, 4096, H100)
+    assert accum.memory["activations"] == pytest.approx(runs[0].memory["activations"] / 4)
+    assert accum.model_flops == runs[0].model_flops
+
+
 def test_flops_breakdown_and_memory_follow_the_plan():
     m = Model(arch="cola", size="7b")
     runs = {plan: predict(m, Parallel(data=1, tensor=4, tp_plan=plan), 4, 4096, H100)

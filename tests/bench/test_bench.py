@@ -31,7 +31,7 @@ def test_bench_step_writes_json_and_figures(tmp_path):
          "--plans=btp,gspmd-btp", "--gin_param=Train.peak_tflops=1.0",
          f"--out={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "btp / gspmd-btp: step time x" in out.stdout
+    assert "btp / gspmd-btp: step time x" in out.stdout and "temp memory x" in out.stdout
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["devices"] == 8
     rows = {r["row"]: r for r in result["rows"]}
