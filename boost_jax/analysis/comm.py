@@ -23,17 +23,22 @@ block reads); ``lowrank`` keeps every collective's output and replays none.
 
 Per step, outside the layers: the vocab-parallel embedding (an all-reduce of ``[T, d]``, or
 for ``btp`` a reduce-scatter into the residual shard whose backward is an all-gather), the
-head's input (``fullrank``/``vanilla``: the
-backward all-reduce of ``[T, d]``; ``btp``: the all-gather of the residual shards and its
-backward reduce-scatter, plus the final norm gain's gradient, ``d``), and the sharded
-cross-entropy's three ``[T]`` reductions.
+head's input (``fullrank``/``vanilla``: the backward all-reduce of ``[T, d]``; ``btp``: the
+final norm's ``[T]`` statistic forward and backward -- it normalises the shards -- and the
+all-gather of its output with its backward reduce-scatter), and the sharded cross-entropy's
+three ``[T]`` reductions.
 
-Pipelining (``pipe`` > 1 or several microbatches): every device runs its stage's layers in
-each of the ``R M + S - 1`` iterations (bubbles included), on a microbatch at a time, and one
-``ppermute`` of the ``[mb, seq, d_local]`` residual (``d/p`` under ``btp``) per iteration each
-way crosses the ``pipe`` axis. Gradients: one all-reduce per step of the local block
-parameters over ``data``, and one of the parameters replicated over ``pipe`` (embedding, head,
-final norm) plus the loss over ``data`` and ``pipe``.
+Pipelining (``pipe`` > 1): every device runs its stage's layers in each of the ``R M + S - 1``
+iterations (bubbles included), on a microbatch at a time, and one ``ppermute`` of the
+``[mb, seq, d_local]`` residual (``d/p`` under ``btp``) per iteration each way crosses the
+``pipe`` axis. Gradient accumulation (``Parallel.grad_accum = K``) runs all of the above ``K``
+times per step, on ``1/K`` of the tokens each.
+
+Gradients and parameters over ``data`` (and ``pipe`` for what every stage holds), by
+``Parallel.zero`` (:func:`gradient_transfers`): one fp32 all-reduce per step after
+accumulation, or ZeRO-1's reduce-scatter + all-gather, or FSDP's per-layer gathers and
+reduce-scatters. Two scalars: the loss over ``data`` (and ``pipe``), the gradient norm over
+every axis (:func:`scalar_transfers`).
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ class Comm:
     layer sends per token it processes, forward and backward; known from the compiled HLO only
     when the layers run in a loop (``looped``: the layers per loop, 0 when XLA unrolled it).
     ``steps``: elements per step by mesh-axes group (``"tensor"``, ``"pipe"``, ``"data"``,
-    ``"data,pipe"``), counting only the model's collectives -- the per-layer traffic times the
-    layer executions, the boundaries, pipeline permutes and gradient reductions.
+    ``"data,pipe"``, ...), every collective of the step -- the per-layer traffic times the
+    layer executions, the boundaries, pipeline permutes, the gradient and parameter
+    collectives of the zero stage and the two scalars.
     """
 
     layer_fwd: float
@@ -212,8 +218,8 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
     steps: dict[str, float] = collections.defaultdict(float)
     if parallel.tensor > 1:
         boundary = 2 * tokens * d + 3 * tokens  # embedding and head input, sharded CE
-        if parallel.tp_plan == "btp":  # reduce-scatter/all-gather pairs, final norm gain
-            boundary = 4 * tokens * d + 3 * tokens + k * d
+        if parallel.tp_plan == "btp":  # reduce-scatter/all-gather pairs, final norm statistic
+            boundary = 4 * tokens * d + 3 * tokens + 2 * tokens
         steps["tensor"] = (fwd + bwd) * run["tokens"] * run["executions"] + boundary
     if parallel.pipe > 1:  # the residual (shard) of a microbatch moves forward and back
         d_local = d // parallel.tensor if parallel.tp_plan == "btp" else d

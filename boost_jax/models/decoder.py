@@ -20,7 +20,6 @@ from flax import nnx
 from boost_jax.config import Model
 from boost_jax.models.attention import causal_attention
 from boost_jax.models.init import Init, ParamDef, param, param_defs
-from boost_jax.models.norms import rms_norm
 from boost_jax.models.projections import Fanout, Single
 from boost_jax.parallel.plans.base import Plan
 from boost_jax.parallel.remat import ATTENTION, RESIDUAL, checkpointed, tag
@@ -75,7 +74,7 @@ class Decoder(nnx.Module):
         self.eps, self.tied, self.crosses = cfg.norm_eps, cfg.tie_embeddings, cfg.arch == "lax"
         self.embed = param((vocab, d), Init("normal", cfg.init_std), ("vocab", None))
         self.blocks = Block(cfg)
-        self.final_norm = param((d,), Init("ones"), (None,))
+        self.final_norm = param((d,), Init("ones"), ("embed",))
         if not cfg.tie_embeddings:
             self.head = param((d, vocab), Init("normal", cfg.init_std), (None, "vocab"))
 
@@ -109,7 +108,7 @@ class Decoder(nnx.Module):
 
     def finish(self, h: jax.Array, plan: Plan) -> jax.Array:
         """Residual stream -> final-normed hidden ``[b, s, d]`` (full width)."""
-        return rms_norm(plan.final_hidden(h), self.final_norm[...], self.eps)
+        return plan.final_norm(h, self.final_norm[...], self.eps)
 
     def hidden(self, tokens: jax.Array, plan: Plan) -> jax.Array:
         """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""

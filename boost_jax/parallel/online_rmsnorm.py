@@ -18,10 +18,11 @@ gradient is the exact one without the two large, cancelling terms (which cost ac
 product: one more (latency-bound) collective in the forward pass, and one in the backward pass
 (the cotangent of the shared ``rho`` is a sum over ranks).
 
-The last step, ``H / rho``, has a hand-written derivative (:func:`divide_by_rms`) that keeps the
-*output* for the backward pass rather than ``H``: the output is kept anyway (the latent
-activation and the B factor's gradient read it), so each fused norm keeps one ``[T, c r]``
-activation less.
+Two hand-written derivatives save activation memory (the math is JAX's): the last step,
+``H / rho`` (:func:`divide_by_rms`), keeps its *output* for the backward pass rather than
+``H`` -- the output is kept anyway (the latent activation and the B factor's gradient read
+it), so each fused norm keeps one ``[T, c r]`` activation less; and the fused all-reduce
+(:func:`psum_together`) hands back the two cotangents without concatenating them.
 
 The fused payload travels in ``payload_dtype``: the compute dtype (``[T, c r + 1]`` in bf16
 under bf16 training, the statistic then rounded to bf16) or float32 (the statistic exact, the
@@ -59,11 +60,31 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
     h_i = gemm(x_hat)
     lead, tail = h_i.shape[:2], h_i.shape[2:]
     dtype = payload_dtype or h_i.dtype
-    payload = jnp.concatenate([(h_i.reshape(*lead, -1) * rho_i).astype(dtype),
-                               s_i.astype(dtype)], axis=-1)
-    total = tag(lax.psum(payload, TENSOR), LATENT)  # [H || S]: kept by the lowrank remat
-    h, s = total[..., :-1].astype(jnp.float32), total[..., -1:].astype(jnp.float32)
-    return divide_by_rms(h.reshape(*lead, *tail), s, d, eps, h_i.dtype)
+    h, s = tag(psum_together((h_i.reshape(*lead, -1) * rho_i).astype(dtype),
+                             s_i.astype(dtype)), LATENT)
+    return divide_by_rms(h.astype(jnp.float32).reshape(*lead, *tail), s.astype(jnp.float32),
+                         d, eps, h_i.dtype)
+
+
+@jax.custom_vjp
+def psum_together(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(psum(a), psum(b))`` over ``tensor`` as ONE all-reduce of ``[a || b]`` (concatenated
+    on the last axis). The backward pass is JAX's own transpose of a psum (each cotangent
+    enters this rank's partial as is, no collective), written out so that it never builds
+    the concatenated cotangent."""
+    total = lax.psum(jnp.concatenate([a, b], axis=-1), TENSOR)
+    return total[..., :a.shape[-1]], total[..., a.shape[-1]:]
+
+
+def _psum_together_fwd(a, b):
+    return psum_together(a, b), None
+
+
+def _psum_together_bwd(_, cts):
+    return tuple(lax.pcast(ct, (TENSOR,), to="varying") for ct in cts)
+
+
+psum_together.defvjp(_psum_together_fwd, _psum_together_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))

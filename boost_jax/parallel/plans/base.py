@@ -11,7 +11,7 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
                    norm statistic into the latent's collective
 ``down``           a row-type GEMM (A factor, or a dense o/down weight) and its reduction
 ``up``             a column-type GEMM (B factor, or a dense q/kv/gate/up weight)
-``final_hidden``   residual stream -> the full hidden state the final norm and head read
+``final_norm``     residual stream -> the final RMSNorm's full-width output the head reads
 ``logits``         hidden -> (possibly vocab-sharded) logits
 ``token_loss``     logits + targets -> per-token cross-entropy (fp32)
 ``layer_params``   a layer's stored parameters -> the ones its block computes with (the
@@ -127,8 +127,9 @@ class Plan:
     def up(self, z: jax.Array, gemm: Gemm):
         return gemm(z)
 
-    def final_hidden(self, h: jax.Array) -> jax.Array:
-        return h
+    def final_norm(self, h: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+        """The final RMSNorm of the residual stream, full width ``[b, s, d]``."""
+        return rms_norm(h, scale, eps)
 
     def logits(self, x: jax.Array, head: jax.Array) -> jax.Array:
         """``x [b, s, d]``, ``head [d, V]`` -> logits ``[b, s, V]`` in fp32."""

@@ -9,17 +9,20 @@ latent. The residual stream stays split on ``d`` between layers (rank ``i`` hold
 Per token per layer (online RMSNorm, grouping on): forward all-reduces of widths
 ``3r+1, r, 2r+1, r`` and backward ones of ``3r, r, 2r, r`` (the transposes of *f* at the B
 inputs) -- ``14 r + 2`` elements. The embedding reduce-scatters straight into the residual
-shard; the final hidden state is all-gathered before the (replicated) final norm.
+shard; the final norm runs on the shards (its statistic all-reduced) and its output is
+all-gathered for the vocab-parallel head.
 """
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from jax import lax
 
 from boost_jax.config import Model
+from boost_jax.models.norms import sum_squares
 from boost_jax.parallel.online_rmsnorm import online_norm_down, sync_norm_down
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
-from boost_jax.parallel.remat import LATENT, tag
+from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
 from boost_jax.parallel.vocab import vocab_embed
 
 
@@ -56,6 +59,11 @@ class BTPPlan(VocabParallelPlan):
         """B factor: replicated latent in, output split on its full dim (no collective)."""
         return gemm(f_op(z))
 
-    def final_hidden(self, h):
-        """All-gather the residual shards ``[b, s, d/p] -> [b, s, d]`` for the final norm."""
-        return lax.all_gather(h, TENSOR, axis=h.ndim - 1, tiled=True)
+    def final_norm(self, h, scale, eps):
+        """Normalise the residual shards where they are (the statistic all-reduced, ``[b, s,
+        1]``; the gain split like the residual), then all-gather ``[b, s, d/p] -> [b, s, d]``
+        for the vocab-parallel head: the norm's work and activations stay ``1/p`` wide."""
+        d = h.shape[-1] * lax.axis_size(TENSOR)
+        s = tag(lax.psum(sum_squares(h), TENSOR), NORM_STAT)
+        y = h.astype(jnp.float32) * lax.rsqrt(s / d + eps) * scale.astype(jnp.float32)
+        return lax.all_gather(y.astype(h.dtype), TENSOR, axis=h.ndim - 1, tiled=True)
