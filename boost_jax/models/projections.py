@@ -172,8 +172,15 @@ class Fanout(nnx.Module, _LowRankLatent):
             slices[name] = slice(start, start + m)
             start += m
         if grouped:  # one collective boundary for the whole [b, s, c, r] latent
-            return plan.up(z, lambda v: {n: jnp.einsum("bsmr,mrf->bsmf", v[:, :, sl], b[n])
-                                         for n, sl in slices.items()}), latent
+            # split (not slices): its transpose concatenates the members' cotangents in one
+            # buffer instead of padding each to [b, s, c, r] and adding them
+            cuts = [sl.stop for sl in slices.values()][:-1]
+
+            def gemm(v):
+                parts = jnp.split(v, cuts, axis=2)
+                return {n: jnp.einsum("bsmr,mrf->bsmf", part, b[n])
+                        for n, part in zip(slices, parts)}
+            return plan.up(z, gemm), latent
         return {n: jnp.stack([plan.up(z[:, :, sl.start + j], lambda v, bj=b[n][j]: v @ bj)
                               for j in range(sl.stop - sl.start)], axis=2)
                 for n, sl in slices.items()}, latent
