@@ -1,12 +1,13 @@
-"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step."""
+"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step, zero."""
 
 from absl import app, flags
 
-from boost_jax.bench import model, remat, step, tp
+from boost_jax.bench import model, remat, step, tp, zero
 from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
 
-BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main}
+BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main,
+              "zero": zero.main}
 
 
 def define_flags() -> None:
@@ -15,6 +16,8 @@ def define_flags() -> None:
                       f"{', '.join(ROWS)}")
     flags.DEFINE_list("policies", ["none", "full", "lowrank", "lowrank_attn"],
                       "remat policies to compare")
+    flags.DEFINE_list("layouts", ["0", "1", "3", "0x4", "1x4", "3x4"],
+                      "zero: Parallel.zero stages, each optionally x gradient accumulation")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")

@@ -118,6 +118,19 @@ def test_paper_rows_within_the_acceptance_bounds():
         assert 1.46 <= r["speedup_vs_fullrank"]["predicted"] <= 1.91, r
 
 
+def test_the_7b_row_accumulates_like_the_trainer():
+    """The paper's 7B row (4 accumulated micro-batches of 1 sequence) is modelled as the
+    trainer runs it: ``Parallel.grad_accum=4``, one micro-batch's activations alive."""
+    from boost_jax.analysis.paper import configs
+
+    row = next(r for r in WEAK_SCALING if r.name == "7B TP4")
+    model, parallel = configs(row, "boost")
+    assert (parallel.grad_accum, parallel.microbatches, parallel.pipe) == (4, 1, 1)
+    whole = dataclasses.replace(parallel, grad_accum=1)
+    a, b = (predict(model, p, row.batch, 4096, H100) for p in (parallel, whole))
+    assert a.memory["activations"] == pytest.approx(b.memory["activations"] / 4)
+
+
 def test_bench_model_paper_json():
     out = subprocess.run([sys.executable, "-m", "boost_jax.bench", "model", "--paper",
                           "--json", "--eff_override=comm=0.6"], capture_output=True,

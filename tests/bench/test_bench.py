@@ -51,3 +51,18 @@ def test_bench_rejects_an_unknown_row():
     out = subprocess.run([sys.executable, "-m", "boost_jax.bench", "tp", *TINY,
                           "--plans=btp,megatron"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "unknown benchmark row 'megatron'" in out.stderr
+
+
+def test_bench_zero_layouts_json():
+    """``bench zero``: FSDP holds the least state per device, ZeRO-1 puts the all-reduce's
+    bytes on the wire, every layout's traffic is the formula."""
+    out = subprocess.run([sys.executable, "-m", "boost_jax.bench", "zero", *TINY, "--steps=1",
+                          "--layouts=0,1,3x2", "--json"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {(r["zero"], r["grad_accum"]): r for r in json.loads(out.stdout)}
+    assert list(rows) == [(0, 1), (1, 1), (3, 2)]
+    assert all(r["check"] == [] for r in rows.values())
+    assert rows[(1, 1)]["data_wire_mib"] == rows[(0, 1)]["data_wire_mib"]
+    assert rows[(1, 1)]["opt_mib"] < rows[(0, 1)]["opt_mib"] / 1.8
+    assert rows[(3, 2)]["params_mib"] < rows[(0, 1)]["params_mib"] / 1.8
