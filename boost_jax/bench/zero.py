@@ -33,7 +33,8 @@ def parse_layout(text: str) -> tuple[int, int]:
         zero, _, accum = text.partition("x")
         return int(zero), int(accum or 1)
     except ValueError:
-        raise ConfigError(f"--layouts entry {text!r} is not ZERO or ZEROxACCUM (e.g. 3x4)")
+        raise ConfigError(f"--layouts entry {text!r} is not ZERO or ZEROxACCUM (e.g. 3x4)") \
+            from None
 
 
 def state_mib(config: Config) -> dict[str, float]:
