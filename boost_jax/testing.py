@@ -47,10 +47,8 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     import jax
     import jax.numpy as jnp
 
-    from boost_jax.config import Train
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import make_grad_fn
 
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
@@ -58,6 +56,6 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
     batch = {k: jax.device_put(v, sharded.batch_sharding)
              for k, v in (("inputs", inputs), ("targets", targets))}
-    grad_fn = make_grad_fn(sharded, make_optimizer(Train()))
+    grad_fn = make_grad_fn(sharded)
     loss, grads = jax.device_get(grad_fn(p, batch))
     return loss, sharded.to_canonical(grads)

@@ -88,17 +88,13 @@ class ShardedModel:
         self.graph, self.defs = abstract_model(model)
         self.pipelined = parallel.pipe > 1
         self.repeats = parallel.repeats
-        canonical = plan_specs(model, parallel)
-        layout = functools.partial(DataLayout, parallel.zero, dict(mesh.shape))
-        #: the zero layout of the parameters as they run / as checkpoints hold them
-        self.layout = layout(map_blocks(canonical, self._stage_spec), self.param_shapes(),
-                             {STACKED: 2 if self.repeats > 1 else 1})
-        self.canonical_layout = layout(canonical, self.param_shapes(canonical=True),
-                                       {STACKED: 1})
+        #: the zero layout of the parameters as checkpoints hold them / as they run
+        self.canonical_layout = data_layout(model, parallel)
+        self.layout = DataLayout(parallel.zero, dict(mesh.shape),
+                                 map_blocks(plan_specs(model, parallel), self._stage_spec),
+                                 self.param_shapes(), {STACKED: 2 if self.repeats > 1 else 1})
         self.param_specs = self.layout.param_specs
-        self.canonical_specs = self.canonical_layout.param_specs
         self.param_shardings = self._named(self.param_specs)
-        self.canonical_shardings = self._named(self.canonical_specs)
         self.batch_sharding = NamedSharding(mesh, BATCH_SPEC)
         self.fsdp = parallel.zero == 3 and not gspmd
         if self.fsdp:

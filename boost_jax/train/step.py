@@ -16,6 +16,7 @@ steps as one global program under ``jit``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -25,10 +26,17 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from boost_jax.parallel.plans.base import DATA
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
 from boost_jax.train.optim import Optimizer, clip_by_norm
 
 BATCH_KEYS = ("inputs", "targets")
+BATCH_SPECS = {k: BATCH_SPEC for k in BATCH_KEYS}
+
+
+def _named(model: ShardedModel, specs):
+    return jax.tree.map(lambda s: NamedSharding(model.mesh, s), specs,
+                        is_leaf=lambda x: isinstance(x, P))
 
 
 def _shapes(model: ShardedModel, opt: Optimizer, canonical: bool) -> dict:
@@ -50,8 +58,7 @@ def state_specs(model: ShardedModel, opt: Optimizer, canonical: bool = False) ->
 
 
 def state_shardings(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
-    return jax.tree.map(lambda s: NamedSharding(model.mesh, s), state_specs(model, opt, canonical),
-                        is_leaf=lambda x: isinstance(x, P))
+    return _named(model, state_specs(model, opt, canonical))
 
 
 def abstract_state(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
@@ -116,12 +123,14 @@ def accumulate(grad_fn, params, inputs: jax.Array, targets: jax.Array, steps: in
     return total
 
 
-def local_grads(model: ShardedModel, params: dict, inputs: jax.Array, targets: jax.Array,
-                n_tokens: int) -> tuple[jax.Array, dict]:
-    """Per device, inside the region: the mean loss of the global step (``n_tokens`` tokens)
-    and its gradients with respect to ``params`` (stored layout), accumulated over
-    ``Parallel.grad_accum`` micro-steps and reduced over ``data`` by the zero stage (laid out
-    by ``model.layout.moment_specs``)."""
+def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
+    """Per device, inside the region: the mean loss of the global step and its gradients
+    with respect to ``params`` (stored layout), accumulated over ``Parallel.grad_accum``
+    micro-steps and reduced over ``data`` by the zero stage (laid out by
+    ``model.layout.moment_specs``). ``batch``: this data shard's rows."""
+    inputs, targets = batch["inputs"], batch["targets"]
+    n_tokens = math.prod(inputs.shape) * model.mesh.shape[DATA]
+
     def grad_fn(p, x, y):
         return jax.value_and_grad(model.local_loss)(p, x, y, n_tokens)
 
@@ -133,36 +142,24 @@ def local_grads(model: ShardedModel, params: dict, inputs: jax.Array, targets: j
     return loss, layout.reduce(grads)
 
 
-def global_grads(model: ShardedModel, params: dict, inputs: jax.Array, targets: jax.Array
-                 ) -> tuple[jax.Array, dict]:
+def global_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     """The GSPMD baseline's loss and gradients (global arrays, plain ``jit``)."""
     k = model.parallel.grad_accum
     grad_fn = jax.value_and_grad(lambda p, x, y: model.loss(p, x, y) / k)
-    return accumulate(grad_fn, params, inputs, targets, k)
+    return accumulate(grad_fn, params, batch["inputs"], batch["targets"], k)
 
 
-def make_grad_fn(model: ShardedModel, opt: Optimizer):
+def make_grad_fn(model: ShardedModel):
     """``grads(params, batch) -> (loss, grads)``, jitted: the train step's gradients before
-    clipping (laid out like the optimizer moments). For tests and analysis."""
-    specs = state_specs(model, opt)
-    batch_specs = {k: BATCH_SPEC for k in BATCH_KEYS}
+    clipping, laid out like the optimizer moments (for tests and analysis)."""
+    out = (P(), model.layout.moment_specs)
     if model.gspmd:
-        def fn(params, batch):
-            return global_grads(model, params, batch["inputs"], batch["targets"])
+        fn = functools.partial(global_grads, model)
     else:
-        def local(params, batch):
-            n_tokens = math.prod(batch["inputs"].shape) * model.mesh.shape["data"]
-            return local_grads(model, params, batch["inputs"], batch["targets"], n_tokens)
-
-        fn = model.region(local, (specs["params"], batch_specs), (P(), moment_specs(model)))
-    named = lambda tree: jax.tree.map(lambda s: NamedSharding(model.mesh, s), tree,  # noqa
-                                      is_leaf=lambda x: isinstance(x, P))
-    return jax.jit(fn, in_shardings=(named(specs["params"]), named(batch_specs)),
-                   out_shardings=(named(P()), named(moment_specs(model))))
-
-
-def moment_specs(model: ShardedModel) -> dict:
-    return model.layout.moment_specs
+        fn = model.region(functools.partial(local_grads, model),
+                          (model.param_specs, BATCH_SPECS), out)
+    return jax.jit(fn, in_shardings=(model.param_shardings, _named(model, BATCH_SPECS)),
+                   out_shardings=_named(model, out))
 
 
 # --- the train step ------------------------------------------------------------------------
@@ -186,27 +183,19 @@ def make_train_step(model: ShardedModel, opt: Optimizer):
     metrics are replicated scalars: loss, grad_norm (before clipping) and lr.
     """
     specs = state_specs(model, opt)
-    batch_specs = {k: BATCH_SPEC for k in BATCH_KEYS}
-
     if model.gspmd:
         def step(state, batch):
-            loss, grads = global_grads(model, state["params"], batch["inputs"],
-                                       batch["targets"])
+            loss, grads = global_grads(model, state["params"], batch)
             return _update(model, opt, state, loss, grads, optax.global_norm(grads))
     else:
         def local_step(state, batch):
-            n_tokens = math.prod(batch["inputs"].shape) * model.mesh.shape["data"]
-            loss, grads = local_grads(model, state["params"], batch["inputs"],
-                                      batch["targets"], n_tokens)
+            loss, grads = local_grads(model, state["params"], batch)
             return _update(model, opt, state, loss, grads, model.layout.global_norm(grads))
 
-        step = model.region(local_step, (specs, batch_specs), (specs, P()))
-
-    def named(tree):
-        return jax.tree.map(lambda s: NamedSharding(model.mesh, s), tree,
-                            is_leaf=lambda x: isinstance(x, P))
-    return jax.jit(step, in_shardings=(named(specs), named(batch_specs)),
-                   out_shardings=(named(specs), named(P())), donate_argnums=0)
+        step = model.region(local_step, (specs, BATCH_SPECS), (specs, P()))
+    return jax.jit(step, in_shardings=(_named(model, specs), _named(model, BATCH_SPECS)),
+                   out_shardings=(_named(model, specs), _named(model, P())),
+                   donate_argnums=0)
 
 
 def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int) -> dict:
