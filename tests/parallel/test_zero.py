@@ -69,10 +69,15 @@ def test_zero1_splits_the_optimizer_state_and_fsdp_the_parameters():
 
 
 @functools.cache
-def _report(zero, grad_accum):
+def _compiled(zero, grad_accum):
     parallel = Parallel(data=2, tensor=4, zero=zero, grad_accum=grad_accum)
     config = Config(tiny("cola"), parallel, Train(batch_size=BATCH, seq_len=SEQ), Data())
-    return build_report(config)
+    model, _, compiled = compile_step(config)
+    return build_report(config, compiled=compiled, mesh=model.mesh), compiled.as_text()
+
+
+def _report(zero, grad_accum):
+    return _compiled(zero, grad_accum)[0]
 
 
 @pytest.mark.parametrize("zero, grad_accum", [(0, 2), (1, 1), (1, 2), (3, 1), (3, 2)])
@@ -117,10 +122,7 @@ def test_fsdp_layer_reductions_are_off_the_critical_path():
     """In the backward layer loop, each layer's reduce-scatter only feeds the stacked gradient
     buffer the loop writes out: nothing the next layer's backward computes waits on it, so a
     GPU's latency-hiding scheduler can run it under that compute."""
-    parallel = Parallel(data=2, tensor=4, zero=3)
-    config = Config(tiny("cola"), parallel, Train(batch_size=BATCH, seq_len=SEQ), Data())
-    _, _, compiled = compile_step(config)
-    found = users(compiled.as_text(), "reduce-scatter")
+    found = users(_compiled(3, 1)[1], "reduce-scatter")
     assert len(found) >= 10  # one per layer parameter (the tiny CoLA block has 11)
     for name, readers in found.items():
         assert readers and all("dynamic-update-slice" in r for r in readers), (name, readers)
