@@ -61,6 +61,20 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     return rep
 
 
+def format_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> list[str]:
+    """A benchmark table: ``columns`` are ``(header, format spec, row key or callable)``, e.g.
+    ``("temp MiB", ">10.0f", "temp_mib")``; a spec starting with ``<`` aligns left."""
+    def width(spec):
+        return int("".join(c for c in spec.split(".")[0] if c.isdigit()))
+
+    head = "".join(f"{h:{'<' if spec[0] == '<' else '>'}{width(spec)}}" for h, spec, _ in columns)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append("".join(f"{(key(r) if callable(key) else r[key]):{spec}}"
+                             for _, spec, key in columns))
+    return lines
+
+
 def ratio_line(a: dict, b: dict, name_a: str, name_b: str, tp_bytes: str) -> str:
     """``a / b: step time xT, temp memory xM, TP bytes xB`` for two benchmark rows (below 1:
     ``a`` is faster / smaller)."""

@@ -20,7 +20,7 @@ import json
 
 from absl import flags
 
-from boost_jax.bench.measure import measure, ratio_line, row_config, run_benchmark
+from boost_jax.bench.measure import format_rows, measure, ratio_line, row_config, run_benchmark
 from boost_jax.config import Config
 
 FLAGS = flags.FLAGS
@@ -47,14 +47,15 @@ def bench_plan(config: Config, steps: int, row: str | None = None, gspmd: bool =
             "check": rep["check"]}
 
 
+COLUMNS = [("plan", "<16", "plan"), ("arch", "<7", "arch"),
+           ("TP MiB/layer", ">13.1f", lambda r: r["tp_bytes_per_layer"] / 2**20),
+           ("TP colls", ">10", "tp_collectives_per_step"),
+           ("TFLOP/step", ">12.3f", "model_tflop_per_step"), ("temp MiB", ">11.0f", "temp_mib"),
+           ("step s", ">9.3f", "median_step_s"), ("tok/s", ">9.0f", "tokens_per_s")]
+
+
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'plan':<16}{'arch':<7}{'TP MiB/layer':>13}{'TP colls':>10}{'TFLOP/step':>12}"
-            f"{'temp MiB':>11}{'step s':>9}{'tok/s':>9}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['plan']:<16}{r['arch']:<7}{r['tp_bytes_per_layer'] / 2**20:>13.1f}"
-                     f"{r['tp_collectives_per_step']:>10}{r['model_tflop_per_step']:>12.3f}"
-                     f"{r['temp_mib']:>11.0f}{r['median_step_s']:>9.3f}{r['tokens_per_s']:>9.0f}")
+    lines = format_rows(rows, COLUMNS)
     by = {r["plan"]: r for r in rows}
     for a, b in (("btp", "gspmd-btp"), ("vanilla", "gspmd-vanilla"),
                  ("fullrank", "gspmd-megatron"), ("btp", "vanilla"), ("btp", "fullrank")):

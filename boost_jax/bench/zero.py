@@ -18,7 +18,7 @@ import math
 import jax
 from absl import flags
 
-from boost_jax.bench.measure import measure, run_benchmark
+from boost_jax.bench.measure import format_rows, measure, run_benchmark
 from boost_jax.config import Config, ConfigError
 
 FLAGS = flags.FLAGS
@@ -64,16 +64,15 @@ def bench_layout(config: Config, zero: int, accum: int, steps: int) -> dict:
             "median_step_s": rep["median_step_s"], "check": rep["check"]}
 
 
+COLUMNS = [("zero", ">4", "zero"), ("accum", ">6", "grad_accum"),
+           ("params MiB", ">12.1f", "params_mib"), ("opt MiB", ">9.1f", "opt_mib"),
+           ("temp MiB", ">10.0f", "temp_mib"), ("data colls", ">12", "data_collectives"),
+           ("data wire MiB", ">15.2f", "data_wire_mib"), ("step s", ">9.3f", "median_step_s"),
+           ("check", ">7", lambda r: "OK" if not r["check"] else "MISMATCH")]
+
+
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'zero':>4}{'accum':>6}{'params MiB':>12}{'opt MiB':>9}{'temp MiB':>10}"
-            f"{'data colls':>12}{'data wire MiB':>15}{'step s':>9}  check")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['zero']:>4}{r['grad_accum']:>6}{r['params_mib']:>12.1f}"
-                     f"{r['opt_mib']:>9.1f}{r['temp_mib']:>10.0f}{r['data_collectives']:>12}"
-                     f"{r['data_wire_mib']:>15.2f}{r['median_step_s']:>9.3f}  "
-                     f"{'OK' if not r['check'] else 'MISMATCH'}")
-    return "\n".join(lines)
+    return "\n".join(format_rows(rows, COLUMNS))
 
 
 def _run(config: Config) -> int:
