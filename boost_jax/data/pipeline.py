@@ -1,6 +1,6 @@
-"""The grain input pipeline over a prepared token memmap.
+"""The grain input pipeline over a prepared dataset's token shards (data/prepare.py).
 
-Training stream: the train split is cut into windows of ``seq_len + 1`` tokens (stride
+Training stream: each shard's train split is cut into windows of ``seq_len + 1`` tokens (stride
 ``seq_len``, so every token is a target once per epoch), shuffled per epoch with the seed,
 repeated forever and batched into *global* batches of ``batch_size`` windows. A process reads
 only its rows ``[start, stop)`` of every global batch (those of the data shards its devices
@@ -29,26 +29,53 @@ _ENDLESS = 2**62
 
 
 class TokenWindows:
-    """grain random-access source: window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]``."""
+    """grain random-access source over a split's token regions (one per shard): window ``j`` is
+    ``seq_len + 1`` consecutive tokens of one region (stride ``seq_len``; no window spans two
+    shards)."""
 
-    def __init__(self, path: str | Path, seq_len: int):
-        self.path, self.seq_len = str(path), seq_len
-        self.tokens = np.load(self.path, mmap_mode="r")
-        self.n = (len(self.tokens) - 1) // seq_len
+    def __init__(self, path: str | Path, split: str, seq_len: int):
+        self.path, self.split, self.seq_len = str(path), split, seq_len
+        self.regions = _regions(Path(path), split)
+        counts = [max((len(r) - 1) // seq_len, 0) for r in self.regions]
+        self.ends = np.cumsum(counts)
+        self.n = int(self.ends[-1]) if counts else 0
 
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        start = int(i) * self.seq_len
-        w = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int32)
+    def __getitem__(self, j: int) -> dict[str, np.ndarray]:
+        k = int(np.searchsorted(self.ends, int(j), side="right"))
+        start = (int(j) - (int(self.ends[k - 1]) if k else 0)) * self.seq_len
+        w = np.asarray(self.regions[k][start:start + self.seq_len + 1], dtype=np.int32)
         return {"inputs": w[:-1], "targets": w[1:]}
 
     def __getstate__(self):
-        return {"path": self.path, "seq_len": self.seq_len}
+        return {"path": self.path, "split": self.split, "seq_len": self.seq_len}
 
     def __setstate__(self, state):
-        self.__init__(state["path"], state["seq_len"])
+        self.__init__(state["path"], state["split"], state["seq_len"])
+
+
+def _read_meta(path: Path) -> dict:
+    """The manifest (format 2) or the older single-array ``meta.json`` (format 1)."""
+    for name in ("manifest.json", "meta.json"):
+        if (path / name).is_file():
+            return json.loads((path / name).read_text())
+    raise FileNotFoundError(path / "manifest.json")
+
+
+def _regions(path: Path, split: str) -> list[np.ndarray]:
+    """The split's tokens as 1-D memory maps, one per shard (format 1: one array)."""
+    meta = _read_meta(path)
+    if meta.get("format", 1) < 2:
+        return [np.load(path / f"{split}.npy", mmap_mode="r")]
+    out = []
+    for shard in meta["shards"]:
+        tokens = np.memmap(path / "shards" / shard["file"], np.dtype(meta["dtype"]), "r",
+                           shape=(shard["tokens"],))
+        cut = shard["train_tokens"]
+        out.append(tokens[:cut] if split == "train" else tokens[cut:])
+    return out
 
 
 class _ProcessRows:
@@ -65,7 +92,7 @@ class _ProcessRows:
 
 @dataclass(frozen=True)
 class Dataset:
-    """A prepared dataset directory and its metadata."""
+    """A prepared dataset directory and its manifest (data/prepare.py)."""
 
     path: Path
     meta: dict
@@ -75,7 +102,7 @@ class Dataset:
         return self.meta["vocab_size"]
 
     def windows(self, split: str, seq_len: int) -> TokenWindows:
-        return TokenWindows(self.path / f"{split}.npy", seq_len)
+        return TokenWindows(self.path, split, seq_len)
 
 
 def open_dataset(data: Data) -> Dataset:
@@ -84,18 +111,23 @@ def open_dataset(data: Data) -> Dataset:
         try:
             path = ensure_bundled(data.path.split(":", 1)[1], data.tokenizer, data.eval_fraction,
                                   data.cache_dir)
-        except (FileNotFoundError, ValueError) as err:
+        except (FileNotFoundError, ValueError, TimeoutError) as err:
             raise ConfigError(f"Data.path={data.path!r}: {err}") from None
     else:
         path = Path(data.path)
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
+    try:
+        meta = _read_meta(path)
+    except FileNotFoundError:
         raise ConfigError(f"Data.path={data.path!r}: no prepared dataset there (missing "
-                          f"meta.json; run python -m boost_jax.data.prepare)")
-    for split in ("train", "eval"):
-        if not (path / f"{split}.npy").is_file():
-            raise ConfigError(f"Data.path={data.path!r}: missing {split}.npy")
-    return Dataset(path, json.loads(meta_file.read_text()))
+                          f"manifest.json; run python -m boost_jax.data.prepare)") from None
+    if meta.get("format", 1) < 2:
+        files = [path / f"{split}.npy" for split in ("train", "eval")]
+    else:
+        files = [path / "shards" / s["file"] for s in meta["shards"]]
+    for f in files:
+        if not f.is_file():
+            raise ConfigError(f"Data.path={data.path!r}: missing {f.relative_to(path)}")
+    return Dataset(path, meta)
 
 
 def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,

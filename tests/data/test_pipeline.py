@@ -4,16 +4,21 @@ import numpy as np
 import pytest
 
 from boost_jax.config import ConfigError, Data
-from boost_jax.data.pipeline import eval_batches, open_dataset, train_iterator
+from boost_jax.data.pipeline import _regions, eval_batches, open_dataset, train_iterator
 
 
 def _take(it, n):
     return [next(it) for _ in range(n)]
 
 
+def _tokens(path, split):
+    (region,) = _regions(path, split)  # the tiny corpus is one shard
+    return np.asarray(region)
+
+
 def test_windows_are_shifted_token_pairs(tiny_data):
     ds = open_dataset(Data(path=str(tiny_data)))
-    tokens = np.load(tiny_data / "train.npy")
+    tokens = _tokens(tiny_data, "train")
     w = ds.windows("train", 16)
     assert len(w) == (len(tokens) - 1) // 16
     item = w[3]
@@ -73,7 +78,7 @@ def test_processes_read_their_rows_of_the_global_batch(tiny_data):
 def test_eval_is_fixed_and_in_order(tiny_data):
     ds = open_dataset(Data(path=str(tiny_data)))
     ev = eval_batches(ds, 16, 4, 3)
-    tokens = np.load(tiny_data / "eval.npy")
+    tokens = _tokens(tiny_data, "eval")
     np.testing.assert_array_equal(ev[0]["inputs"][1], tokens[16:32])
     with pytest.raises(ConfigError, match="cannot fill one batch"):
         eval_batches(ds, 512, 64, 1)
@@ -90,9 +95,27 @@ def test_bundled_corpus_prepares_once(tmp_path):
     data = Data(path="bundled:shakespeare", tokenizer="bpe:512", cache_dir=str(tmp_path))
     ds = open_dataset(data)
     assert ds.meta["documents"] == 42 and ds.meta["train_tokens"] > 1_000_000
-    mtime = (ds.path / "train.npy").stat().st_mtime
+    mtime = (ds.path / "manifest.json").stat().st_mtime
     assert open_dataset(data).path == ds.path
-    assert (ds.path / "train.npy").stat().st_mtime == mtime
+    assert (ds.path / "manifest.json").stat().st_mtime == mtime
     first = next(train_iterator(ds, 64, 2, 0))
     assert first["inputs"].shape == (2, 64)
-    assert [p.name for p in ds.path.parent.iterdir()] == [ds.path.name]  # no temporary left
+    assert not [p for p in ds.path.parent.iterdir() if "partial" in p.name]  # no work dir left
+
+
+def test_processes_preparing_one_corpus_take_turns(tmp_path):
+    """Two processes open the same bundled corpus on a fresh cache at once (what
+    ``launch/local.sh 2`` does): one prepares, the other waits for it; both succeed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from boost_jax.config import Data; "
+            "from boost_jax.data.pipeline import open_dataset; "
+            "ds = open_dataset(Data(path='bundled:shakespeare', tokenizer='bpe:512', "
+            f"cache_dir={str(tmp_path)!r})); print(ds.path, ds.meta['train_tokens'])")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
+    assert outs[0][0] == outs[1][0]
+    assert not [p for p in (tmp_path / "data").iterdir() if "partial" in p.name]

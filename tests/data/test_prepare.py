@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from boost_jax.data import tokenizer as tokenizers
-from boost_jax.data.prepare import prepare, read_documents
+from boost_jax.data.prepare import prepare, read_documents, verify
 
 
 def test_reads_text_jsonl_and_compressed(tmp_path):
@@ -27,13 +27,17 @@ def test_reads_text_jsonl_and_compressed(tmp_path):
 
 
 def test_prepared_layout(tiny_data):
-    meta = json.loads((tiny_data / "meta.json").read_text())
-    train, ev = np.load(tiny_data / "train.npy"), np.load(tiny_data / "eval.npy")
-    assert meta["vocab_size"] == 512 and train.dtype == np.uint16
+    meta = json.loads((tiny_data / "manifest.json").read_text())
+    (shard,) = meta["shards"]
+    tokens = np.fromfile(tiny_data / "shards" / shard["file"], np.uint16)
+    offsets = np.load(tiny_data / "shards" / shard["docs"])
+    train, ev = tokens[:shard["train_tokens"]], tokens[shard["train_tokens"]:]
+    assert meta["vocab_size"] == 512 and meta["dtype"] == "uint16"
     assert (meta["train_tokens"], meta["eval_tokens"]) == (len(train), len(ev))
-    assert len(ev) == int((len(train) + len(ev)) * 0.05)
+    assert len(ev) == int(len(tokens) * 0.05)
     assert train.max() < 512 and meta["documents"] == 3
-    assert (train == meta["eos_id"]).sum() + (ev == meta["eos_id"]).sum() == 3
+    assert list(offsets) == [0, *np.flatnonzero(tokens == meta["eos_id"]) + 1]  # doc ends
+    assert verify(tiny_data) == []
     tok = tokenizers.load(tiny_data)
     text = tok.decode(train[:200])
     assert "the" in text.lower()  # real English, not random ids
@@ -45,8 +49,7 @@ def test_prepare_refuses_to_overwrite_and_leaves_no_partial(tmp_path, tiny_data)
     (tmp_path / "in.txt").write_text("hello world " * 50)
     with pytest.raises(ValueError, match="unknown tokenizer spec"):
         prepare([tmp_path / "in.txt"], tmp_path / "out", tokenizer="wordpiece")
-    assert not (tmp_path / "out").exists()
-    assert not any(p.name.startswith(".out.tmp") for p in tmp_path.iterdir())
+    assert not (tmp_path / "out").exists()  # only the resumable work directory
 
 
 def test_bundled_llama32k_tokenizer(tmp_path):
@@ -65,4 +68,86 @@ def test_prepare_cli(tmp_path):
                           "--tokenizer=bpe:300", "--text_field=body"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["vocab_size"] <= 300
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["vocab_size"] <= 300
+
+
+def synthetic_corpus(path, megabytes: float, seed: int = 0, files: int = 4):
+    """JSONL files of random English-like documents (a few hundred words each)."""
+    rng = np.random.default_rng(seed)
+    words = np.array("the of and to in a is that for it as was with be by on not he this are "
+                     "or his from at which but have an they you were her she there one all "
+                     "we their been has would when who will more no if out so said what up "
+                     "its about into than them can only other new some could time these two "
+                     "may then do first any my now such like our over man me even most made "
+                     "after also did many before must through back years where much your way "
+                     "well down should because each just those people mr how too little state "
+                     "good very make world still own see men work long get here between both "
+                     "life being under never day same another know while last might us great "
+                     "old year off come since against go came right used take three".split())
+    path.mkdir(parents=True, exist_ok=True)
+    per_file = int(megabytes * 2**20 / files)
+    for f in range(files):
+        with open(path / f"part-{f}.jsonl", "w") as out:
+            written = 0
+            while written < per_file:
+                doc = " ".join(words[rng.integers(0, len(words), rng.integers(50, 600))])
+                line = json.dumps({"text": doc}) + "\n"
+                out.write(line)
+                written += len(line)
+    return path
+
+
+SMALL_SHARDS = dict(tokenizer="llama32k", eval_fraction=0.05, chunk_mb=0.25, chunks_per_shard=2)
+
+
+def test_sharded_prepare_and_workers_give_the_same_dataset(tmp_path):
+    """A corpus in several shards; 2 worker processes write exactly what 1 process does; the
+    loader's windows never span two shards; the eval split is each shard's tail."""
+    from boost_jax.config import Data
+    from boost_jax.data.pipeline import open_dataset
+
+    src = synthetic_corpus(tmp_path / "src", 2.5)
+    a = prepare([src], tmp_path / "a", workers=0, **SMALL_SHARDS)
+    b = prepare([src], tmp_path / "b", workers=2, **SMALL_SHARDS)
+    assert len(a["shards"]) >= 4 and a["shards"] == b["shards"]
+    assert verify(tmp_path / "b") == []
+    ds = open_dataset(Data(path=str(tmp_path / "a")))
+    w = ds.windows("train", 128)
+    assert len(w) == sum((s["train_tokens"] - 1) // 128 for s in a["shards"])
+    assert len(ds.windows("eval", 128)) > 0
+    shard0 = np.fromfile(tmp_path / "a" / "shards" / a["shards"][0]["file"], np.uint16)
+    last = (a["shards"][0]["train_tokens"] - 1) // 128 - 1  # the last window of shard 0
+    np.testing.assert_array_equal(w[last]["inputs"], shard0[last * 128:(last + 1) * 128])
+    (tmp_path / "b" / "shards" / b["shards"][1]["file"]).write_bytes(b"\0" * 10)
+    assert any("checksum" in p or "bytes" in p for p in verify(tmp_path / "b"))
+
+
+def test_prepare_resumes_after_kill_without_redoing_finished_shards(tmp_path):
+    """kill -9 once a shard is finished; the rerun keeps it (same file, untouched) and ends
+    with the dataset an uninterrupted run writes."""
+    import os
+    import signal
+    import time
+
+    src = synthetic_corpus(tmp_path / "src", 6)
+    cmd = [sys.executable, "-m", "boost_jax.data.prepare", f"--input={src}",
+           f"--output={tmp_path / 'out'}", "--tokenizer=llama32k", "--eval_fraction=0.05",
+           "--chunk_mb=0.25", "--chunks_per_shard=2", "--workers=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = tmp_path / ".out.partial" / "shards"
+    deadline = time.monotonic() + 120
+    while not list(shards.glob("0000[0-9].json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shards.glob("*.bin")}
+    assert kept and not (tmp_path / "out").exists()
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "finished shards kept" in rerun.stderr
+    for name, stat in kept.items():
+        f = tmp_path / "out" / "shards" / name
+        assert (f.stat().st_ino, f.stat().st_mtime_ns) == stat  # not rewritten
+    fresh = prepare([src], tmp_path / "fresh", **SMALL_SHARDS)
+    resumed = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert resumed["shards"] == fresh["shards"]
