@@ -24,6 +24,7 @@ RMSNORMS = ("online", "sync")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
 SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
+PACKINGS = ("concat", "document")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
 
 
@@ -267,8 +268,13 @@ class Data:
     eval_fraction: float = 0.02  # for bundled corpora
     worker_count: int = 0  # grain worker processes (0 = in-process)
     cache_dir: str | None = None  # default: $BOOST_JAX_CACHE or ~/.cache/boost_jax
+    #: concat: windows over concatenated documents; document: whole documents packed into
+    #: rows, attention masked to each document (data/packing.py)
+    packing: str = "concat"
 
     def __post_init__(self):
+        _check(self.packing in PACKINGS,
+               f"Data.packing={self.packing!r} must be one of {', '.join(PACKINGS)}")
         _check(0.0 < self.eval_fraction < 0.5,
                f"Data.eval_fraction={self.eval_fraction} must be in (0, 0.5)")
         _check(self.worker_count >= 0, f"Data.worker_count={self.worker_count} must be >= 0")

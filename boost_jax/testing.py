@@ -38,12 +38,12 @@ def tiny(arch: str = "cola", **overrides) -> Model:
 
 
 def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
-                   dtype: str = "float32", gspmd: bool = False):
+                   dtype: str = "float32", gspmd: bool = False, packing: dict | None = None):
     """Loss and parameter gradients of the global batch under ``parallel`` (on the first
     ``parallel.num_devices`` devices; ``gspmd``: its GSPMD baseline), as the train step
     computes them (accumulation and the zero stage's reduction included), as host arrays;
     ``params`` and the gradients in the canonical layout (blocks ``[L, ...]``) whatever the
-    pipeline layout."""
+    pipeline layout. ``packing``: ``segment_ids`` and ``positions`` of packed rows."""
     import jax
     import jax.numpy as jnp
 
@@ -55,7 +55,7 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype), gspmd=gspmd)
     p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
     batch = {k: jax.device_put(v, sharded.batch_sharding)
-             for k, v in (("inputs", inputs), ("targets", targets))}
+             for k, v in {"inputs": inputs, "targets": targets, **(packing or {})}.items()}
     grad_fn = make_grad_fn(sharded)
     loss, grads = jax.device_get(grad_fn(p, batch))
     return loss, sharded.to_canonical(grads)

@@ -56,3 +56,16 @@ def tiny_data(tmp_path_factory) -> Path:
     prepare([src], root / "prepared", tokenizer="bpe:512", eval_fraction=0.05)
     return root / "prepared"
 
+
+
+@pytest.fixture(scope="session")
+def packing_data(tmp_path_factory) -> Path:
+    """A prepared synthetic corpus of short and long documents in several shards."""
+    from boost_jax.data.prepare import prepare
+    from boost_jax.data.synthetic import write_corpus
+
+    root = tmp_path_factory.mktemp("packing")
+    src = write_corpus(root / "src", 0.4, files=2, words=(3, 150))
+    prepare([src], root / "prepared", tokenizer="bpe:512", eval_fraction=0.1, chunk_mb=0.05,
+            chunks_per_shard=2, workers=0)
+    return root / "prepared"

@@ -191,12 +191,13 @@ def gradient_transfers(model: Model, parallel: Parallel) -> list[Transfer]:
     return out
 
 
-def scalar_transfers(parallel: Parallel) -> list[Transfer]:
-    """The step's scalar all-reduces: the loss over ``data`` (and ``pipe``) and the global
-    gradient norm over every axis (sizes > 1)."""
+def scalar_transfers(parallel: Parallel, packed: bool = False) -> list[Transfer]:
+    """The step's scalar all-reduces: the loss over ``data`` (and ``pipe``), the global
+    gradient norm over every axis, and for packed rows the count of non-padding tokens over
+    ``data`` (sizes > 1)."""
     sizes = dict(zip(MESH_AXES, parallel.shape))
     out = []
-    for axes in ((DATA, PIPE), MESH_AXES):
+    for axes in ((DATA,),) * packed + ((DATA, PIPE), MESH_AXES):
         kept = tuple(a for a in axes if sizes[a] > 1)
         if kept:
             out.append(Transfer("all-reduce", ",".join(kept), 1,
@@ -204,9 +205,10 @@ def scalar_transfers(parallel: Parallel) -> list[Transfer]:
     return out
 
 
-def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: str
-            ) -> Comm:
-    """The analytic communication of a train step (see the module docstring)."""
+def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: str,
+            packed: bool = False) -> Comm:
+    """The analytic communication of a train step (see the module docstring; ``packed``:
+    document-packed rows)."""
     run = schedule(model, parallel, batch, seq_len)
     k = run["micro_steps"]
     tokens = batch // parallel.data * seq_len
@@ -224,7 +226,7 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
     if parallel.pipe > 1:  # the residual (shard) of a microbatch moves forward and back
         d_local = d // parallel.tensor if parallel.tp_plan == "btp" else d
         steps["pipe"] += 2 * k * run["iterations"] * run["tokens"] * d_local
-    for t in gradient_transfers(model, parallel) + scalar_transfers(parallel):
+    for t in gradient_transfers(model, parallel) + scalar_transfers(parallel, packed):
         steps[t.axes] += t.elements
     return Comm(fwd, bwd, fwd_bytes, bwd_bytes, run["looped"], dict(steps))
 

@@ -1,11 +1,20 @@
 """The grain input pipeline over a prepared dataset's token shards (data/prepare.py).
 
-Training stream: each shard's train split is cut into windows of ``seq_len + 1`` tokens (stride
-``seq_len``, so every token is a target once per epoch), shuffled per epoch with the seed,
-repeated forever and batched into *global* batches of ``batch_size`` windows. A process reads
-only its rows ``[start, stop)`` of every global batch (those of the data shards its devices
-hold, parallel/mesh.py), so the global batch is the same whatever the process count. Elements
-are ``{"inputs", "targets"}`` int32 ``[stop - start, seq_len]``.
+Training stream, ``Data.packing='concat'``: each shard's train split is cut into windows of
+``seq_len + 1`` tokens (stride ``seq_len``, so every token is a target once per epoch; attention
+runs across the documents of a window), shuffled per epoch with the seed, repeated forever and
+batched into *global* batches of ``batch_size`` windows. Elements are ``{"inputs", "targets"}``
+int32 ``[rows, seq_len]``.
+
+``Data.packing='document'``: whole documents, shuffled, packed first-fit into rows with their
+``segment_ids`` and ``positions`` (data/packing.py): attention stays within a document and the
+loss skips padding. Every process packs the same global batches.
+
+A process reads only its rows ``[start, stop)`` of every global batch (those of the data shards
+its devices hold, parallel/mesh.py), so the global batch is the same whatever the process
+count. With ``Data.worker_count`` grain worker processes the concat stream is the same as
+without; the packed stream depends on the worker count (each worker packs its share of the
+documents), which a resumed run must keep.
 
 The iterator state (``get_state``/``set_state``, a small dict) is saved in every checkpoint, so a
 resumed run continues the exact stream.
@@ -15,7 +24,7 @@ Eval: the first ``n_batches`` global batches of the eval split, in order (no shu
 
 from __future__ import annotations
 
-import json
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +32,8 @@ import grain
 import numpy as np
 
 from boost_jax.config import ConfigError, Data
-from boost_jax.data.prepare import ensure_bundled
+from boost_jax.data.packing import DocumentPieces, packed_batches
+from boost_jax.data.prepare import default_cache_dir, ensure_bundled, read_manifest
 
 _ENDLESS = 2**62
 
@@ -56,17 +66,9 @@ class TokenWindows:
         self.__init__(state["path"], state["split"], state["seq_len"])
 
 
-def _read_meta(path: Path) -> dict:
-    """The manifest (format 2) or the older single-array ``meta.json`` (format 1)."""
-    for name in ("manifest.json", "meta.json"):
-        if (path / name).is_file():
-            return json.loads((path / name).read_text())
-    raise FileNotFoundError(path / "manifest.json")
-
-
 def _regions(path: Path, split: str) -> list[np.ndarray]:
     """The split's tokens as 1-D memory maps, one per shard (format 1: one array)."""
-    meta = _read_meta(path)
+    meta = read_manifest(path)
     if meta.get("format", 1) < 2:
         return [np.load(path / f"{split}.npy", mmap_mode="r")]
     out = []
@@ -92,10 +94,12 @@ class _ProcessRows:
 
 @dataclass(frozen=True)
 class Dataset:
-    """A prepared dataset directory and its manifest (data/prepare.py)."""
+    """A prepared dataset directory, its manifest (data/prepare.py), and the cache where
+    document-packing indexes go."""
 
     path: Path
     meta: dict
+    cache_dir: Path
 
     @property
     def vocab_size(self) -> int:
@@ -103,6 +107,9 @@ class Dataset:
 
     def windows(self, split: str, seq_len: int) -> TokenWindows:
         return TokenWindows(self.path, split, seq_len)
+
+    def pieces(self, split: str, seq_len: int) -> DocumentPieces:
+        return DocumentPieces(self.path, split, seq_len, self.cache_dir)
 
 
 def open_dataset(data: Data) -> Dataset:
@@ -116,50 +123,75 @@ def open_dataset(data: Data) -> Dataset:
     else:
         path = Path(data.path)
     try:
-        meta = _read_meta(path)
+        meta = read_manifest(path)
     except FileNotFoundError:
         raise ConfigError(f"Data.path={data.path!r}: no prepared dataset there (missing "
                           f"manifest.json; run python -m boost_jax.data.prepare)") from None
     if meta.get("format", 1) < 2:
+        if data.packing == "document":
+            raise ConfigError(f"Data.path={data.path!r}: Data.packing='document' needs the "
+                              "document offsets of format 2; prepare the dataset again")
         files = [path / f"{split}.npy" for split in ("train", "eval")]
     else:
-        files = [path / "shards" / s["file"] for s in meta["shards"]]
+        files = [path / "shards" / s[k] for s in meta["shards"] for k in ("file", "docs")]
     for f in files:
         if not f.is_file():
             raise ConfigError(f"Data.path={data.path!r}: missing {f.relative_to(path)}")
-    return Dataset(path, meta)
+    return Dataset(path, meta, Path(data.cache_dir) if data.cache_dir else default_cache_dir())
+
+
+def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:
+    return ConfigError(f"Data.path={str(ds.path)!r}: the {split} split {what}; {fix}")
 
 
 def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
-                   rows: tuple[int, int] | None = None, worker_count: int = 0):
+                   rows: tuple[int, int] | None = None, worker_count: int = 0,
+                   packing: str = "concat"):
     """A checkpointable grain iterator over this process's ``rows`` (default: all) of the
-    training stream."""
+    training stream (``packing``: ``concat`` or ``document``, see the module docstring)."""
     rows = rows or (0, global_batch)
-    windows = ds.windows("train", seq_len)
-    if len(windows) < global_batch:
-        raise ConfigError(f"Data.path={str(ds.path)!r}: the train split has {len(windows)} "
-                          f"windows of {seq_len + 1} tokens, fewer than Train.batch_size="
-                          f"{global_batch}")
-    stream = grain.MapDataset.source(windows).seed(seed).shuffle().repeat(None)
-    local = grain.MapDataset.range(0, _ENDLESS).map(_ProcessRows(stream, global_batch, rows))
-    local = local.batch(rows[1] - rows[0], drop_remainder=True)
-    it = local.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+    if packing == "document":
+        pieces = ds.pieces("train", seq_len)
+        if len(pieces) < global_batch:
+            raise _too_short(ds, "train", f"has {len(pieces)} documents, fewer than "
+                             f"Train.batch_size={global_batch}", "use a larger corpus")
+        it = packed_batches(pieces, global_batch, rows, seed)
+    else:
+        windows = ds.windows("train", seq_len)
+        if len(windows) < global_batch:
+            raise _too_short(ds, "train", f"has {len(windows)} windows of {seq_len + 1} tokens, "
+                             f"fewer than Train.batch_size={global_batch}",
+                             "use a larger corpus")
+        stream = grain.MapDataset.source(windows).seed(seed).shuffle().repeat(None)
+        local = grain.MapDataset.range(0, _ENDLESS).map(_ProcessRows(stream, global_batch, rows))
+        local = local.batch(rows[1] - rows[0], drop_remainder=True)
+        it = local.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
     if worker_count > 0:
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return iter(it)
 
 
 def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
-                 rows: tuple[int, int] | None = None) -> list[dict[str, np.ndarray]]:
+                 rows: tuple[int, int] | None = None, packing: str = "concat"
+                 ) -> list[dict[str, np.ndarray]]:
     """This process's ``rows`` (default: all) of the first ``n_batches`` global eval batches
     (fewer if the split is short; an error if it cannot fill one)."""
     rows = rows or (0, global_batch)
+    if n_batches <= 0:
+        return []
+    fix = "lower Train.eval_batches or raise the eval fraction"
+    if packing == "document":
+        out = list(itertools.islice(
+            packed_batches(ds.pieces("eval", seq_len), global_batch, rows, None), n_batches))
+        if not out:
+            raise _too_short(ds, "eval", f"cannot fill one batch of {global_batch} packed "
+                             "rows", fix)
+        return out
     windows = ds.windows("eval", seq_len)
     n = min(n_batches, len(windows) // global_batch)
-    if n_batches > 0 and n == 0:
-        raise ConfigError(f"Data.path={str(ds.path)!r}: the eval split ({len(windows)} windows) "
-                          f"cannot fill one batch of {global_batch}; lower Train.eval_batches or "
-                          "raise the eval fraction")
+    if n == 0:
+        raise _too_short(ds, "eval", f"({len(windows)} windows) cannot fill one batch of "
+                         f"{global_batch}", fix)
     pick = _ProcessRows(windows, global_batch, rows)
     out = []
     for b in range(n):

@@ -326,6 +326,15 @@ def verify(path: str | Path) -> list[str]:
     return problems
 
 
+def read_manifest(path: str | Path) -> dict:
+    """A prepared dataset's manifest (format 2) or older single-array ``meta.json``
+    (format 1)."""
+    for name in ("manifest.json", "meta.json"):
+        if (Path(path) / name).is_file():
+            return json.loads((Path(path) / name).read_text())
+    raise FileNotFoundError(Path(path) / "manifest.json")
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("BOOST_JAX_CACHE", Path.home() / ".cache" / "boost_jax"))
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import Model
-from boost_jax.models.attention import causal_attention
+from boost_jax.models.attention import Segments, causal_attention
 from boost_jax.models.init import Init, ParamDef, param, param_defs
 from boost_jax.models.projections import Fanout, Single
 from boost_jax.parallel.plans.base import Plan
@@ -42,11 +42,13 @@ class Block(nnx.Module):
         self.gate_up = Fanout(cfg.arch, d, (("gu", 2, cfg.d_ff, "mlp"),), cfg.mlp_rank, **kw)
         self.down = Single(cfg.arch, cfg.d_ff, d, "mlp", cfg.mlp_rank, **kw)
 
-    def __call__(self, h: jax.Array, cross: dict | None, plan: Plan) -> tuple[jax.Array, dict]:
+    def __call__(self, h: jax.Array, cross: dict | None, plan: Plan,
+                 segments: Segments | None = None) -> tuple[jax.Array, dict]:
         """Residual ``h [b, s, d_local]`` -> ``(h, latents)``.
 
         ``cross`` holds the previous block's LaX latents (``None`` for block 0 or non-LaX
-        archs); the returned dict holds this block's (empty unless LaX).
+        archs); the returned dict holds this block's (empty unless LaX). ``segments``: the
+        document layout of packed rows (models/attention.py), or ``None``.
         """
         cross = cross or {}
         b, s = h.shape[:2]
@@ -54,7 +56,7 @@ class Block(nnx.Module):
         q = qkv["q"][:, :, 0].reshape(b, s, -1, self.head_dim)
         k = qkv["kv"][:, :, 0].reshape(b, s, -1, self.head_dim)
         v = qkv["kv"][:, :, 1].reshape(b, s, -1, self.head_dim)
-        attention = tag(causal_attention(q, k, v, self.theta), ATTENTION)
+        attention = tag(causal_attention(q, k, v, self.theta, segments), ATTENTION)
         y, c_o = self.o(attention, plan, cross.get("o"))
         h = tag(h + y, RESIDUAL)
         gu, c_gu = self.gate_up(h, self.mlp_norm[...], self.eps, plan, cross.get("gate_up"))
@@ -82,13 +84,15 @@ class Decoder(nnx.Module):
         """``tokens [b, s]`` -> residual stream ``[b, s, d_local]``."""
         return plan.embed(tokens, self.embed[...])
 
-    def run_blocks(self, h: jax.Array, plan: Plan, layers=None) -> jax.Array:
+    def run_blocks(self, h: jax.Array, plan: Plan, layers=None,
+                   segments: Segments | None = None) -> jax.Array:
         """Apply stacked blocks to the residual ``h``: all of them, or the stacked parameter
-        slice ``layers`` (a pipeline stage's ``[n, ...]`` share of ``nnx.split(blocks)[1]``)."""
+        slice ``layers`` (a pipeline stage's ``[n, ...]`` share of ``nnx.split(blocks)[1]``).
+        ``segments``: the packed rows' document layout, or ``None``."""
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, h, cross):
-            return nnx.merge(graph, plan.layer_params(layer))(h, cross, plan)
+            return nnx.merge(graph, plan.layer_params(layer))(h, cross, plan, segments)
 
         gathers = plan.layer_gather is not None
         cross = None
@@ -110,24 +114,28 @@ class Decoder(nnx.Module):
         """Residual stream -> final-normed hidden ``[b, s, d]`` (full width)."""
         return plan.final_norm(h, self.final_norm[...], self.eps)
 
-    def hidden(self, tokens: jax.Array, plan: Plan) -> jax.Array:
+    def hidden(self, tokens: jax.Array, plan: Plan, segments: Segments | None = None
+               ) -> jax.Array:
         """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""
-        return self.finish(self.run_blocks(self.embed_tokens(tokens, plan), plan), plan)
+        h = self.run_blocks(self.embed_tokens(tokens, plan), plan, segments=segments)
+        return self.finish(h, plan)
 
     def head_weight(self) -> jax.Array:
         """``[d, V]`` (the transposed embedding when tied)."""
         return self.embed[...].T if self.tied else self.head[...]
 
-    def logits(self, tokens: jax.Array, plan: Plan) -> jax.Array:
-        return plan.logits(self.hidden(tokens, plan), self.head_weight())
+    def logits(self, tokens: jax.Array, plan: Plan, segments: Segments | None = None
+               ) -> jax.Array:
+        return plan.logits(self.hidden(tokens, plan, segments), self.head_weight())
 
     def hidden_loss(self, hidden: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32) of a final hidden state."""
         return plan.token_loss(plan.logits(hidden, self.head_weight()), targets)
 
-    def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
+    def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan,
+                   segments: Segments | None = None) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32)."""
-        return self.hidden_loss(self.hidden(tokens, plan), targets, plan)
+        return self.hidden_loss(self.hidden(tokens, plan, segments), targets, plan)
 
 
 @functools.lru_cache(maxsize=32)
@@ -147,6 +155,7 @@ def bind(cfg: Model, params: dict, dtype=None) -> Decoder:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def reference_logits(cfg: Model, params: dict, tokens: jax.Array, dtype=jnp.float32) -> jax.Array:
+def reference_logits(cfg: Model, params: dict, tokens: jax.Array, dtype=jnp.float32,
+                     segments: Segments | None = None) -> jax.Array:
     """Single-device logits ``[b, s, V]`` with the ``none`` plan (no mesh needed)."""
-    return bind(cfg, params, dtype).logits(tokens, Plan())
+    return bind(cfg, params, dtype).logits(tokens, Plan(), segments)

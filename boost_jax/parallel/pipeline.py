@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from boost_jax.models.attention import Segments
 from boost_jax.models.decoder import Decoder
 from boost_jax.parallel.plans.base import PIPE, Plan
 
@@ -44,16 +45,20 @@ def canonical_layout(x: jax.Array, repeats: int) -> jax.Array:
 
 
 def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: jax.Array,
-                        microbatches: int, repeats: int) -> jax.Array:
+                        microbatches: int, repeats: int, segments: Segments | None = None
+                        ) -> jax.Array:
     """Per-token loss ``[b, s]`` of this data shard (zero except on the last stage).
 
     ``inputs``/``targets`` ``[b, s]`` are this data shard's rows; ``model`` holds this
-    stage's block parameters in the :func:`stage_layout`.
+    stage's block parameters in the :func:`stage_layout`. ``segments`` (packed rows): every
+    stage holds the whole data shard's, and takes those of the microbatch it works on.
     """
     stages, stage = lax.axis_size(PIPE), lax.axis_index(PIPE)
     b, s = inputs.shape
     m_count, mb = microbatches, b // microbatches
     fresh = model.embed_tokens(inputs, plan).reshape(m_count, mb, s, -1)  # [M, mb, s, d_loc]
+    if segments is not None:  # [M, mb, s] each
+        segments = Segments(*(x.reshape(m_count, mb, s) for x in segments))
     _, blocks = nnx.split(model.blocks)
     if repeats == 1:
         blocks = jax.tree.map(lambda x: x[None], blocks)
@@ -69,7 +74,8 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
         first_in = jnp.where(rep == 0, fresh[mbatch], waiting[mbatch])
         x = jnp.where(stage == 0, first_in, received)
         layers = jax.tree.map(lambda w: lax.dynamic_index_in_dim(w, rep, keepdims=False), blocks)
-        y = model.run_blocks(x, plan, layers)
+        seg = None if segments is None else Segments(*(x[mbatch] for x in segments))
+        y = model.run_blocks(x, plan, layers, seg)
         done = (i - stage >= 0) & (stage == stages - 1) & (rep == repeats - 1)
         outputs = outputs.at[mbatch].set(jnp.where(done, y, outputs[mbatch]))
         received = lax.ppermute(y, PIPE, ring)

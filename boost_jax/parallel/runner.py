@@ -13,7 +13,6 @@ definition (models/decoder.py), run directly or through the pipeline schedule
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model, Parallel
+from boost_jax.models.attention import Segments
+from boost_jax.models.batch import loss_sum, segments, token_count
 from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
@@ -163,49 +164,64 @@ class ShardedModel:
             params = jax.tree.map(cast, params)
         return bind(self.cfg, params)
 
-    def local_loss(self, params: dict, inputs: jax.Array, targets: jax.Array,
-                   n_tokens: int) -> jax.Array:
+    def local_loss(self, params: dict, batch: dict, n_tokens: int | jax.Array) -> jax.Array:
         """This device's share of the mean loss: the sum of its tokens' cross-entropies over
-        ``n_tokens`` (the step's global token count), zero on all but the last pipeline stage;
-        summed over :attr:`loss_axes` it is the mean. ``inputs``/``targets`` ``[b, s]``: this
-        data shard's rows; ``params``: as for :meth:`bound`."""
+        ``n_tokens`` (the step's global count of tokens that count, models/batch.py), zero on
+        all but the last pipeline stage; summed over :attr:`loss_axes` it is the mean.
+        ``batch``: this data shard's rows (int ``[b, s]`` each); ``params``: as for
+        :meth:`bound`."""
         model = self.bound(params)
+        inputs, targets, segs = batch["inputs"], batch["targets"], segments(batch)
         if self.pipelined:
             par = self.parallel
             per_token = pipeline_token_loss(model, self.plan, inputs, targets,
-                                            par.microbatches, self.repeats)
+                                            par.microbatches, self.repeats, segs)
         else:
-            per_token = model.token_loss(inputs, targets, self.plan)
-        return jnp.sum(per_token) / n_tokens
+            per_token = model.token_loss(inputs, targets, self.plan, segs)
+        return loss_sum(per_token, batch) / n_tokens
 
     # --- whole-mesh functions --------------------------------------------------------------
-    def loss(self, params: dict, inputs: jax.Array, targets: jax.Array) -> jax.Array:
-        """Mean next-token cross-entropy over the global batch (``inputs``, ``targets``:
-        int ``[batch, seq]`` on ``data``)."""
-        n_tokens = math.prod(inputs.shape)
+    def loss(self, params: dict, batch: dict, n_tokens: int | jax.Array | None = None
+             ) -> jax.Array:
+        """Mean next-token cross-entropy over the global ``batch`` (int ``[batch, seq]``
+        arrays on ``data``, models/batch.py), or its sum over ``n_tokens`` if given (a
+        micro-step's share of a larger step's mean)."""
+        n_tokens = token_count(batch) if n_tokens is None else n_tokens
         if self.gspmd:
             model = bind(self.cfg, params, self.dtype)
             local = Plan(self.plan.grouped, self.plan.remat)
-            return jnp.sum(model.token_loss(inputs, targets, local)) / n_tokens
+            per_token = model.token_loss(batch["inputs"], batch["targets"], local,
+                                         segments(batch))
+            return loss_sum(per_token, batch) / n_tokens
 
-        def local(params, inputs, targets):
+        def local(params, batch, n_tokens):
             # marked varying where replicated: a gradient taken from outside is then reduced
             # once per step, not once per use
             params = self.layout.differentiable(self.layout.gather_globals(params))
-            share = self.local_loss(params, inputs, targets, n_tokens)
+            share = self.local_loss(params, batch, n_tokens)
             return jax.lax.psum(share, self.loss_axes) if self.loss_axes else share
 
-        in_specs = (self.param_specs, BATCH_SPEC, BATCH_SPEC)
-        return self.region(local, in_specs, P())(params, inputs, targets)
+        if isinstance(n_tokens, int):  # a constant of the program
+            fn = self.region(lambda p, b: local(p, b, n_tokens),
+                             (self.param_specs, {k: BATCH_SPEC for k in batch}), P())
+            return fn(params, batch)
+        in_specs = (self.param_specs, {k: BATCH_SPEC for k in batch}, P())
+        return self.region(local, in_specs, P())(params, batch, n_tokens)
 
-    def logits(self, params: dict, tokens: jax.Array) -> jax.Array:
-        """Logits ``[batch, seq, vocab]`` in fp32 (batch on ``data``; no pipeline)."""
+    def logits(self, params: dict, tokens: jax.Array, segments: Segments | None = None
+               ) -> jax.Array:
+        """Logits ``[batch, seq, vocab]`` in fp32 (batch on ``data``; no pipeline) of
+        ``tokens`` (packed rows: with their ``segments``)."""
         if self.pipelined:
             raise NotImplementedError("logits() runs the model unpipelined; under pipeline "
                                       "parallelism use loss()")
 
-        def local(params, tokens):
-            return self.bound(self.layout.gather_globals(params)).logits(tokens, self.plan)
+        def local(params, tokens, *segments):
+            model = self.bound(self.layout.gather_globals(params))
+            return model.logits(tokens, self.plan, *segments)
 
         out = P(DATA, None, self.plan.rules.get("vocab"))
-        return self.region(local, (self.param_specs, BATCH_SPEC), out)(params, tokens)
+        args = (params, tokens) + (() if segments is None else (segments,))
+        in_specs = (self.param_specs, BATCH_SPEC) + (Segments(BATCH_SPEC, BATCH_SPEC),) * (
+            len(args) - 2)
+        return self.region(local, in_specs, out)(*args)

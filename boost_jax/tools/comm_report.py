@@ -64,7 +64,8 @@ def compile_step(config: Config, devices=None, gspmd: bool = False):
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel, devices),
                          jnp.dtype(t.dtype), gspmd=gspmd)
     opt = make_optimizer(t)
-    return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len)
+    packed = config.data.packing == "document"
+    return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len, packed)
 
 
 def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None,
@@ -85,7 +86,8 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
             f.write(hlo)
     colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
     measured = measure(colls, m, par, t.batch_size, t.seq_len)
-    predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype)
+    predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype,
+                        config.data.packing == "document")
     run = schedule(m, par, t.batch_size, t.seq_len)
     rows = collections.Counter(
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,

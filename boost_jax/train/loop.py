@@ -170,10 +170,12 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
     opt = make_optimizer(t_cfg)
     rows = local_batch_rows(mesh, t_cfg.batch_size)
+    packing = config.data.packing
     train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, rows,
-                              config.data.worker_count)
+                              config.data.worker_count, packing)
     evals = [_global_batch(b, model, t_cfg.batch_size) for b in
-             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, rows)]
+             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, rows,
+                          packing)]
     if pi == 0:
         workdir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
@@ -185,7 +187,8 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     writer = MetricsWriter(workdir, start, enabled=pi == 0)
 
     t0 = time.perf_counter()
-    step_fn = compile_train_step(model, opt, t_cfg.batch_size, t_cfg.seq_len)
+    step_fn = compile_train_step(model, opt, t_cfg.batch_size, t_cfg.seq_len,
+                                 packing == "document")
     eval_fn = make_eval_step(model)
     tokens = t_cfg.batch_size * t_cfg.seq_len
     device_kind = mesh.devices.flat[0].device_kind

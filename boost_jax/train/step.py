@@ -17,7 +17,6 @@ steps as one global program under ``jit``.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -26,12 +25,15 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from boost_jax.models.batch import batch_keys, token_count
 from boost_jax.parallel.plans.base import DATA
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
 from boost_jax.train.optim import Optimizer, clip_by_norm
 
-BATCH_KEYS = ("inputs", "targets")
-BATCH_SPECS = {k: BATCH_SPEC for k in BATCH_KEYS}
+
+def _batch_specs(batch: dict) -> dict:
+    """Every array of a batch (models/batch.py) is split on ``data`` by rows."""
+    return {k: BATCH_SPEC for k in batch}
 
 
 def _named(model: ShardedModel, specs):
@@ -101,26 +103,36 @@ def _zeros(like: jax.ShapeDtypeStruct) -> jax.Array:
     return lax.pcast(zeros, axes, to="varying") if axes else zeros
 
 
-def accumulate(grad_fn, params, inputs: jax.Array, targets: jax.Array, steps: int):
-    """``grad_fn(params, inputs, targets) -> (loss, grads)`` summed over ``steps`` micro-steps
-    in a ``lax.scan`` (fp32 sums); micro-step ``i`` takes rows ``i, i + steps, ...`` of
-    ``inputs``/``targets`` ``[b, s]``, so only one micro-step's activations are alive at a
+def accumulate(grad_fn, params, batch: dict, steps: int):
+    """``grad_fn(params, batch) -> (loss, grads)`` summed over ``steps`` micro-steps in a
+    ``lax.scan`` (fp32 sums); micro-step ``i`` takes rows ``i, i + steps, ...`` of every
+    ``[b, s]`` array of ``batch``, so only one micro-step's activations are alive at a
     time."""
     if steps == 1:
-        return grad_fn(params, inputs, targets)
+        return grad_fn(params, batch)
 
     def micro(x):  # [b, s] -> [steps, b / steps, s]
         return jnp.swapaxes(x.reshape(x.shape[0] // steps, steps, *x.shape[1:]), 0, 1)
 
-    batches = (micro(inputs), micro(targets))
+    batches = jax.tree.map(micro, batch)
 
-    def body(total, batch):
-        out = grad_fn(params, *batch)
+    def body(total, micro_batch):
+        out = grad_fn(params, micro_batch)
         return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), total, out), None
 
-    shapes = jax.eval_shape(grad_fn, params, *(b[0] for b in batches))
+    shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda b: b[0], batches))
     total, _ = lax.scan(body, jax.tree.map(_zeros, shapes), batches)
     return total
+
+
+def global_token_count(model: ShardedModel, batch: dict) -> int | jax.Array:
+    """Per device: the step's count of tokens that count in the loss, from this data shard's
+    ``batch`` -- a constant for unpacked rows; for packed rows one scalar all-reduce over
+    ``data``."""
+    count, data = token_count(batch), model.mesh.shape[DATA]
+    if data == 1:
+        return count
+    return count * data if isinstance(count, int) else lax.psum(count, DATA)
 
 
 def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
@@ -128,15 +140,14 @@ def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Arr
     with respect to ``params`` (stored layout), accumulated over ``Parallel.grad_accum``
     micro-steps and reduced over ``data`` by the zero stage (laid out by
     ``model.layout.moment_specs``). ``batch``: this data shard's rows."""
-    inputs, targets = batch["inputs"], batch["targets"]
-    n_tokens = math.prod(inputs.shape) * model.mesh.shape[DATA]
+    n_tokens = global_token_count(model, batch)
 
-    def grad_fn(p, x, y):
-        return jax.value_and_grad(model.local_loss)(p, x, y, n_tokens)
+    def grad_fn(p, b):
+        return jax.value_and_grad(model.local_loss)(p, b, n_tokens)
 
     layout = model.layout
     params = layout.differentiable(layout.gather_globals(params))
-    loss, grads = accumulate(grad_fn, params, inputs, targets, model.parallel.grad_accum)
+    loss, grads = accumulate(grad_fn, params, batch, model.parallel.grad_accum)
     if model.loss_axes:
         loss = lax.psum(loss, model.loss_axes)
     return loss, layout.reduce(grads)
@@ -144,9 +155,9 @@ def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Arr
 
 def global_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
     """The GSPMD baseline's loss and gradients (global arrays, plain ``jit``)."""
-    k = model.parallel.grad_accum
-    grad_fn = jax.value_and_grad(lambda p, x, y: model.loss(p, x, y) / k)
-    return accumulate(grad_fn, params, batch["inputs"], batch["targets"], k)
+    n_tokens = token_count(batch)
+    grad_fn = jax.value_and_grad(lambda p, b: model.loss(p, b, n_tokens))
+    return accumulate(grad_fn, params, batch, model.parallel.grad_accum)
 
 
 def make_grad_fn(model: ShardedModel):
@@ -156,9 +167,10 @@ def make_grad_fn(model: ShardedModel):
     if model.gspmd:
         fn = functools.partial(global_grads, model)
     else:
-        fn = model.region(functools.partial(local_grads, model),
-                          (model.param_specs, BATCH_SPECS), out)
-    return jax.jit(fn, in_shardings=(model.param_shardings, _named(model, BATCH_SPECS)),
+        def fn(params, batch):
+            return model.region(functools.partial(local_grads, model),
+                                (model.param_specs, _batch_specs(batch)), out)(params, batch)
+    return jax.jit(fn, in_shardings=(model.param_shardings, model.batch_sharding),
                    out_shardings=_named(model, out))
 
 
@@ -179,8 +191,9 @@ def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm)
 def make_train_step(model: ShardedModel, opt: Optimizer):
     """``step(state, batch) -> (state, metrics)``, jitted with the state donated.
 
-    ``batch`` holds global int32 ``inputs``/``targets`` ``[batch, seq]`` sharded on ``data``;
-    metrics are replicated scalars: loss, grad_norm (before clipping) and lr.
+    ``batch`` holds global int32 ``[batch, seq]`` arrays sharded on ``data``
+    (models/batch.py: ``inputs``/``targets``, and the packing keys for packed rows); metrics
+    are replicated scalars: loss, grad_norm (before clipping) and lr.
     """
     specs = state_specs(model, opt)
     if model.gspmd:
@@ -192,28 +205,31 @@ def make_train_step(model: ShardedModel, opt: Optimizer):
             loss, grads = local_grads(model, state["params"], batch)
             return _update(model, opt, state, loss, grads, model.layout.global_norm(grads))
 
-        step = model.region(local_step, (specs, BATCH_SPECS), (specs, P()))
-    return jax.jit(step, in_shardings=(_named(model, specs), _named(model, BATCH_SPECS)),
+        def step(state, batch):
+            return model.region(local_step, (specs, _batch_specs(batch)), (specs, P()))(
+                state, batch)
+    return jax.jit(step, in_shardings=(_named(model, specs), model.batch_sharding),
                    out_shardings=(_named(model, specs), _named(model, P())),
                    donate_argnums=0)
 
 
-def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int) -> dict:
-    """ShapeDtypeStructs of a global batch (``inputs``/``targets`` int32 on ``data``)."""
+def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int, packed: bool = False
+                   ) -> dict:
+    """ShapeDtypeStructs of a global batch (int32 ``[batch_size, seq_len]`` arrays on
+    ``data``; with the packing keys if ``packed``)."""
     return {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32,
-                                    sharding=model.batch_sharding) for k in BATCH_KEYS}
+                                    sharding=model.batch_sharding) for k in batch_keys(packed)}
 
 
-def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq_len: int):
+def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq_len: int,
+                       packed: bool = False):
     """The train step compiled ahead of time for abstract inputs (no data, no parameters)."""
     return make_train_step(model, opt).lower(
-        abstract_state(model, opt), abstract_batch(model, batch_size, seq_len)).compile()
+        abstract_state(model, opt), abstract_batch(model, batch_size, seq_len, packed)).compile()
 
 
 def make_eval_step(model: ShardedModel):
     """``eval_step(params, batch) -> mean loss`` of one global batch."""
     replicated = NamedSharding(model.mesh, P())
-    batch_shardings = {k: model.batch_sharding for k in BATCH_KEYS}
-    return jax.jit(lambda params, batch: model.loss(params, batch["inputs"], batch["targets"]),
-                   in_shardings=(model.param_shardings, batch_shardings),
+    return jax.jit(model.loss, in_shardings=(model.param_shardings, model.batch_sharding),
                    out_shardings=replicated)

@@ -10,6 +10,7 @@ import pytest
 
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.data.prepare import prepare, read_documents, verify
+from boost_jax.data.synthetic import write_corpus
 
 
 def test_reads_text_jsonl_and_compressed(tmp_path):
@@ -71,32 +72,6 @@ def test_prepare_cli(tmp_path):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["vocab_size"] <= 300
 
 
-def synthetic_corpus(path, megabytes: float, seed: int = 0, files: int = 4):
-    """JSONL files of random English-like documents (a few hundred words each)."""
-    rng = np.random.default_rng(seed)
-    words = np.array("the of and to in a is that for it as was with be by on not he this are "
-                     "or his from at which but have an they you were her she there one all "
-                     "we their been has would when who will more no if out so said what up "
-                     "its about into than them can only other new some could time these two "
-                     "may then do first any my now such like our over man me even most made "
-                     "after also did many before must through back years where much your way "
-                     "well down should because each just those people mr how too little state "
-                     "good very make world still own see men work long get here between both "
-                     "life being under never day same another know while last might us great "
-                     "old year off come since against go came right used take three".split())
-    path.mkdir(parents=True, exist_ok=True)
-    per_file = int(megabytes * 2**20 / files)
-    for f in range(files):
-        with open(path / f"part-{f}.jsonl", "w") as out:
-            written = 0
-            while written < per_file:
-                doc = " ".join(words[rng.integers(0, len(words), rng.integers(50, 600))])
-                line = json.dumps({"text": doc}) + "\n"
-                out.write(line)
-                written += len(line)
-    return path
-
-
 SMALL_SHARDS = dict(tokenizer="llama32k", eval_fraction=0.05, chunk_mb=0.25, chunks_per_shard=2)
 
 
@@ -106,7 +81,7 @@ def test_sharded_prepare_and_workers_give_the_same_dataset(tmp_path):
     from boost_jax.config import Data
     from boost_jax.data.pipeline import open_dataset
 
-    src = synthetic_corpus(tmp_path / "src", 2.5)
+    src = write_corpus(tmp_path / "src", 2.5)
     a = prepare([src], tmp_path / "a", workers=0, **SMALL_SHARDS)
     b = prepare([src], tmp_path / "b", workers=2, **SMALL_SHARDS)
     assert len(a["shards"]) >= 4 and a["shards"] == b["shards"]
@@ -129,7 +104,7 @@ def test_prepare_resumes_after_kill_without_redoing_finished_shards(tmp_path):
     import signal
     import time
 
-    src = synthetic_corpus(tmp_path / "src", 6)
+    src = write_corpus(tmp_path / "src", 6)
     cmd = [sys.executable, "-m", "boost_jax.data.prepare", f"--input={src}",
            f"--output={tmp_path / 'out'}", "--tokenizer=llama32k", "--eval_fraction=0.05",
            "--chunk_mb=0.25", "--chunks_per_shard=2", "--workers=0"]

@@ -97,6 +97,19 @@ def test_data_axis_is_one_fp32_gradient_reduction_per_step():
     assert rep["measured"]["steps"]["data"] == rep["predicted"]["steps"]["data"]
 
 
+def test_packed_rows_add_only_the_token_count_over_data():
+    """Segment ids stay on their data shard: the layers send what they send unpacked; the
+    step adds one scalar all-reduce over data (the non-padding token count)."""
+    rep = build_report(Config(tiny("cola"), Parallel(data=2, tensor=4, tp_plan="btp"),
+                              Train(batch_size=BATCH, seq_len=SEQ), Data(packing="document")))
+    plain = _report("cola", "btp")
+    assert rep["check"] == []
+    for way in ("fwd", "bwd"):
+        assert _layer_widths(rep, way) == _layer_widths(plain, way)
+    scalars = [(r["axes"], r["dtype"]) for r in rep["collectives"] if r["shape"] == []]
+    assert sorted(scalars) == [("data", "f32"), ("data", "s32"), ("data,tensor", "f32")]
+
+
 def test_check_reports_a_difference():
     from boost_jax.analysis.comm import Comm
 

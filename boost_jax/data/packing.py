@@ -1,0 +1,145 @@
+"""Document packing (``Data.packing='document'``): whole documents, first-fit into rows.
+
+A split's documents come from the shards' document offsets (data/prepare.py); a document that
+straddles a shard's train/eval cut is cut there too. Document ``t_0 .. t_{n-1}`` (its last token
+the end-of-text id) is read as the sequence ``eos, t_0, .., t_{n-1}`` -- the previous end-of-text
+starts it, as it does in ``concat`` mode -- so its ``n`` tokens are all targets, as there. A
+document longer than a row is cut into pieces of ``seq_len + 1`` tokens overlapping by one
+(stride ``seq_len``), each its own segment.
+
+:class:`DocumentPieces` is a grain random-access source over the pieces; grain's
+``FirstFitPackIterDataset`` packs them into rows with ``segment_ids`` (1, 2, ..., 0 for padding)
+and per-document ``positions``, which the model uses to mask attention to each document and to
+restart RoPE (models/attention.py); the loss counts only non-padding tokens (models/batch.py).
+
+Random access needs, per split and row length, the cumulative piece count of every document:
+8 bytes a document, kept in a memory-mapped file in the cache (``pieces/``; built once per
+dataset, split and ``seq_len``, one shard at a time, so memory stays bounded), shared by every
+process and grain worker of a host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import grain
+import numpy as np
+
+from boost_jax.data.prepare import read_manifest
+
+#: the arrays a packed row holds (models/batch.py), from grain's packing features
+PACKED = {"inputs": "inputs", "targets": "targets", "segment_ids": "inputs_segment_ids",
+          "positions": "inputs_positions"}
+
+
+def _split_documents(offsets: np.ndarray, cut: int, split: str) -> np.ndarray:
+    """Start offsets of the split's documents and the split's end, ``[n_docs + 1]`` int64
+    (``offsets``: a shard's document starts and end; ``cut``: where its eval split starts)."""
+    offsets = np.asarray(offsets, np.int64)
+    if split == "train":
+        return np.append(offsets[offsets < cut], cut)
+    return np.concatenate([[cut], offsets[(offsets > cut) & (offsets < offsets[-1])],
+                           offsets[-1:]])
+
+
+def _index_path(path: Path, split: str, seq_len: int, cache_dir: Path) -> Path:
+    digest = hashlib.sha1((path / "manifest.json").read_bytes()).hexdigest()[:16]
+    return cache_dir / "pieces" / f"{digest}-{split}-{seq_len}.bin"
+
+
+class DocumentPieces:
+    """grain random-access source over the pieces of a split's documents: element ``j`` is
+    ``{"inputs", "targets"}`` int32 ``[n]`` with ``n <= seq_len`` (one document, or one piece
+    of a long one)."""
+
+    def __init__(self, path: str | Path, split: str, seq_len: int, cache_dir: str | Path):
+        self.path, self.split, self.seq_len = Path(path), split, seq_len
+        self.cache_dir = Path(cache_dir)
+        meta = read_manifest(self.path)
+        if meta.get("format", 1) < 2:
+            raise ValueError(f"{path}: Data.packing='document' needs document offsets; "
+                             "prepare the dataset again (format 2)")
+        self.eos = int(meta["eos_id"])
+        dtype = np.dtype(meta["dtype"])
+        self.tokens, self.docs = [], []
+        for shard in meta["shards"]:
+            shard_dir = self.path / "shards"
+            self.tokens.append(np.memmap(shard_dir / shard["file"], dtype, "r",
+                                         shape=(shard["tokens"],)))
+            offsets = np.load(shard_dir / shard["docs"], mmap_mode="r")
+            self.docs.append(_split_documents(offsets, shard["train_tokens"], split))
+        # the global document index of each shard's first document
+        self.first_doc = np.cumsum([0] + [len(d) - 1 for d in self.docs])
+        self.ends = self._piece_ends()
+        self.n = int(self.ends[-1]) if len(self.ends) else 0
+
+    def _piece_ends(self) -> np.ndarray:
+        """Cumulative piece count of every document (memory-mapped, built once)."""
+        index = _index_path(self.path, self.split, self.seq_len, self.cache_dir)
+        if not index.is_file():
+            index.parent.mkdir(parents=True, exist_ok=True)
+            tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+            total = 0
+            with open(tmp, "wb") as f:
+                for docs in self.docs:
+                    pieces = -(-np.diff(docs) // self.seq_len)  # ceil(n / seq_len)
+                    ends = total + np.cumsum(pieces, dtype=np.int64)
+                    total = int(ends[-1]) if len(ends) else total
+                    ends.tofile(f)
+            os.replace(tmp, index)  # concurrent builders write the same bytes
+        if index.stat().st_size == 0:
+            return np.zeros(0, np.int64)
+        return np.memmap(index, np.int64, "r")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, j: int) -> dict[str, np.ndarray]:
+        j = int(j)
+        doc = int(np.searchsorted(self.ends, j, side="right"))
+        piece = j - (int(self.ends[doc - 1]) if doc else 0)
+        shard = int(np.searchsorted(self.first_doc, doc, side="right")) - 1
+        local = doc - int(self.first_doc[shard])
+        start, end = (int(x) for x in self.docs[shard][local:local + 2])
+        # the sequence is eos + the document: its position p is token start + p - 1
+        lo = start - 1 + piece * self.seq_len
+        hi = min(lo + self.seq_len + 1, end)
+        seq = np.asarray(self.tokens[shard][max(lo, start):hi], np.int32)
+        if lo < start:
+            seq = np.concatenate([[self.eos], seq]).astype(np.int32)
+        return {"inputs": seq[:-1], "targets": seq[1:]}
+
+    def __getstate__(self):
+        return (self.path, self.split, self.seq_len, self.cache_dir)
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+
+class _Rows:
+    """A packed global batch -> this process's rows, under the model's batch keys."""
+
+    def __init__(self, rows: tuple[int, int]):
+        self.rows = rows
+
+    def __call__(self, batch: dict) -> dict[str, np.ndarray]:
+        lo, hi = self.rows
+        return {k: np.asarray(batch[v][lo:hi], np.int32) for k, v in PACKED.items()}
+
+
+def packed_batches(pieces: DocumentPieces, global_batch: int, rows: tuple[int, int],
+                   seed: int | None) -> grain.IterDataset:
+    """Global batches of ``global_batch`` packed rows (first-fit over as many bins), this
+    process's ``rows`` of each; ``seed``: shuffle the pieces each epoch, forever (``None``:
+    one pass in order, for eval)."""
+    ds = grain.MapDataset.source(pieces)
+    if seed is not None:
+        ds = ds.seed(seed).shuffle().repeat(None)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+    length = {"inputs": pieces.seq_len, "targets": pieces.seq_len}
+    it = grain.experimental.FirstFitPackIterDataset(
+        it, length_struct=length, num_packing_bins=global_batch, seed=seed or 0,
+        shuffle_bins=seed is not None)
+    return it.batch(global_batch, drop_remainder=True).map(_Rows(rows))

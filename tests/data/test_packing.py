@@ -1,0 +1,119 @@
+"""Document packing: the pieces of a split, packed rows, per-process rows, resume, eval."""
+
+import numpy as np
+import pytest
+
+from boost_jax.config import ConfigError, Data
+from boost_jax.data.packing import DocumentPieces
+from boost_jax.data.pipeline import _regions, eval_batches, open_dataset, train_iterator
+
+SEQ = 32
+
+
+def _dataset(path, tmp_path):
+    return open_dataset(Data(path=str(path), packing="document", cache_dir=str(tmp_path)))
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_pieces_cover_every_token_of_the_split_once(packing_data, tmp_path, split):
+    ds = _dataset(packing_data, tmp_path)
+    assert len(ds.meta["shards"]) >= 3
+    pieces = ds.pieces(split, SEQ)
+    items = [pieces[j] for j in range(len(pieces))]
+    assert all(1 <= len(x["inputs"]) <= SEQ for x in items)
+    assert any(len(x["inputs"]) == SEQ for x in items) and any(len(x["inputs"]) < 8
+                                                              for x in items)
+    for x in items:  # next-token pairs
+        np.testing.assert_array_equal(x["inputs"][1:], x["targets"][:-1])
+    targets = np.concatenate([x["targets"] for x in items])
+    tokens = np.concatenate([np.asarray(r) for r in _regions(packing_data, split)])
+    np.testing.assert_array_equal(targets, tokens)  # every token a target once, in order
+    eos = ds.meta["eos_id"]
+    starts = [x for x in items if x["inputs"][0] == eos]
+    assert len(starts) >= ds.meta["documents"] * (0.05 if split == "eval" else 0.8)
+    # the index is built once and shared
+    assert len(list((tmp_path / "pieces").glob(f"*-{split}-{SEQ}.bin"))) == 1
+    assert len(DocumentPieces(packing_data, split, SEQ, tmp_path)) == len(pieces)
+
+
+def _check_rows(batch, pieces):
+    """Every row: segments 1, 2, ... then padding 0; positions restart per segment; each
+    segment is one whole piece."""
+    seg, pos = batch["segment_ids"], batch["positions"]
+    for r in range(seg.shape[0]):
+        ids = seg[r][seg[r] > 0]
+        assert (seg[r][len(ids):] == 0).all() and (np.diff(ids) >= 0).all()
+        assert ids[0] == 1 and np.array_equal(np.unique(ids), np.arange(1, ids.max() + 1))
+        for s in np.unique(ids):
+            where = np.flatnonzero(seg[r] == s)
+            np.testing.assert_array_equal(pos[r, where], np.arange(len(where)))
+            key = (batch["inputs"][r, where].tobytes(), batch["targets"][r, where].tobytes())
+            assert key in pieces
+
+
+def test_packed_rows_are_whole_pieces(packing_data, tmp_path):
+    ds = _dataset(packing_data, tmp_path)
+    source = ds.pieces("train", SEQ)
+    pieces = {(x["inputs"].tobytes(), x["targets"].tobytes())
+              for x in (source[j] for j in range(len(source)))}
+    batches = _take(train_iterator(ds, SEQ, 8, seed=0, packing="document"), 4)
+    for b in batches:
+        assert set(b) == {"inputs", "targets", "segment_ids", "positions"}
+        assert all(v.shape == (8, SEQ) and v.dtype == np.int32 for v in b.values())
+        _check_rows(b, pieces)
+    used = np.mean([(b["segment_ids"] > 0).mean() for b in batches])
+    assert used > 0.8, used  # first-fit over 8 bins leaves little padding
+
+
+def test_packed_stream_per_process_rows_and_resume(packing_data, tmp_path):
+    ds = _dataset(packing_data, tmp_path)
+    whole = _take(train_iterator(ds, SEQ, 8, seed=3, packing="document"), 3)
+    parts = [_take(train_iterator(ds, SEQ, 8, seed=3, rows=(4 * p, 4 * p + 4),
+                                  packing="document"), 3) for p in range(2)]
+    for b in range(3):
+        for k in whole[b]:
+            np.testing.assert_array_equal(
+                np.concatenate([parts[0][b][k], parts[1][b][k]]), whole[b][k])
+    it = train_iterator(ds, SEQ, 8, seed=3, packing="document")
+    _take(it, 5)
+    state = it.get_state()
+    expected = _take(it, 3)
+    it2 = train_iterator(ds, SEQ, 8, seed=3, packing="document")
+    it2.set_state(state)
+    for x, y in zip(expected, _take(it2, 3)):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_packed_eval_is_fixed_and_split_by_rows(packing_data, tmp_path):
+    ds = _dataset(packing_data, tmp_path)
+    ev = eval_batches(ds, SEQ, 8, 2, packing="document")
+    again = eval_batches(ds, SEQ, 8, 2, packing="document")
+    halves = [eval_batches(ds, SEQ, 8, 2, (4 * p, 4 * p + 4), packing="document")
+              for p in range(2)]
+    assert len(ev) == 2
+    for b in range(2):
+        for k in ev[b]:
+            np.testing.assert_array_equal(ev[b][k], again[b][k])
+            np.testing.assert_array_equal(np.concatenate([h[b][k] for h in halves]), ev[b][k])
+    with pytest.raises(ConfigError, match="eval split cannot fill"):
+        eval_batches(ds, SEQ, 10_000, 1, packing="document")
+
+
+def test_packing_needs_document_offsets(tiny_data, tmp_path):
+    import json
+    import shutil
+
+    old = tmp_path / "format1"
+    shutil.copytree(tiny_data, old)
+    (old / "manifest.json").rename(old / "meta.json")
+    meta = json.loads((old / "meta.json").read_text())
+    (old / "meta.json").write_text(json.dumps(dict(meta, format=1)))
+    with pytest.raises(ConfigError, match="document offsets"):
+        _dataset(old, tmp_path)
+    with pytest.raises(ConfigError, match="Data.packing='pack' must be one of"):
+        Data(packing="pack")
