@@ -271,8 +271,12 @@ class Data:
     #: concat: windows over concatenated documents; document: whole documents packed into
     #: rows, attention masked to each document (data/packing.py)
     packing: str = "concat"
+    #: document packing: rows each packer fills first-fit; the global batch is cut into
+    #: groups of this many rows, packed independently (data/packing.py)
+    packing_bins: int = 64
 
     def __post_init__(self):
+        _check(self.packing_bins >= 1, f"Data.packing_bins={self.packing_bins} must be >= 1")
         _check(self.packing in PACKINGS,
                f"Data.packing={self.packing!r} must be one of {', '.join(PACKINGS)}")
         _check(0.0 < self.eval_fraction < 0.5,
@@ -290,6 +294,10 @@ class Config:
     data: Data
 
     def __post_init__(self):
+        bins = min(self.data.packing_bins, self.train.batch_size)
+        _check(self.data.packing != "document" or self.train.batch_size % bins == 0,
+               f"Train.batch_size={self.train.batch_size} is not a multiple of "
+               f"Data.packing_bins={bins} (document packing fills groups of that many rows)")
         _check(self.train.batch_size % self.parallel.data == 0,
                f"Train.batch_size={self.train.batch_size} is not divisible by "
                f"Parallel.data={self.parallel.data}")

@@ -1,13 +1,14 @@
-"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step, zero."""
+"""``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step, zero,
+data."""
 
 from absl import app, flags
 
-from boost_jax.bench import model, remat, step, tp, zero
+from boost_jax.bench import data, model, remat, step, tp, zero
 from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
 
 BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main,
-              "zero": zero.main}
+              "zero": zero.main, "data": data.main}
 
 
 def define_flags() -> None:
@@ -19,7 +20,21 @@ def define_flags() -> None:
     flags.DEFINE_list("layouts", ["0", "1", "3", "0x4", "1x4", "3x4"],
                       "zero: Parallel.zero stages, each optionally x gradient accumulation")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
-    flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go")
+    flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go; data "
+                        "--prepare_mb: where the corpus and the prepared dataset go")
+    flags.DEFINE_list("loader_workers", ["0", "2", "4"], "data: grain worker counts")
+    flags.DEFINE_list("packings", ["concat", "document"], "data: Data.packing values")
+    flags.DEFINE_integer("batches", 50, "data: global batches read per loader row")
+    flags.DEFINE_float("consume_tokens_per_s", 0.0, "data: the trainer's rate to compare with "
+                       "(0: time the configured train step here)")
+    flags.DEFINE_float("prepare_mb", 0.0, "data: prepare a synthetic corpus of this many MiB "
+                       "instead of timing the loader")
+    flags.DEFINE_integer("prepare_workers", -1, "data --prepare_mb: tokenizer processes "
+                         "(-1: one per core)")
+    flags.DEFINE_multi_string("prepare_arg", [], "data --prepare_mb: a flag passed on to "
+                              "boost_jax.data.prepare, e.g. --prepare_arg=--chunk_mb=8")
+    flags.DEFINE_integer("kill_after_shards", 0, "data --prepare_mb: SIGKILL the first run "
+                         "after this many finished shards, then resume")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
     flags.DEFINE_bool("paper", False, "model: the paper's rows, measured beside predicted")
     flags.DEFINE_string("hardware", "a100_80gb_4gpu", "model: hardware profile")

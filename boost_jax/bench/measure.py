@@ -31,6 +31,26 @@ def row_config(config: Config, row: str) -> tuple[Config, bool]:
                   config.data), gspmd
 
 
+def random_batch(rng, vocab: int, batch: int, seq_len: int, packed: bool = False) -> dict:
+    """Random int32 ``[batch, seq_len]`` tokens; ``packed``: rows of random-length documents
+    (a quarter row on average) and some padding, with their segment ids and positions."""
+    import numpy as np
+
+    out = {k: rng.integers(0, vocab, (batch, seq_len), dtype=np.int32)
+           for k in ("inputs", "targets")}
+    if packed:
+        ids = np.zeros((batch, seq_len), np.int32)
+        positions = np.zeros((batch, seq_len), np.int32)
+        for r in range(batch):
+            at, seg = 0, 1
+            while at < seq_len * 0.9:
+                n = min(int(rng.integers(1, seq_len // 2 + 1)), seq_len - at)
+                ids[r, at:at + n], positions[r, at:at + n] = seg, np.arange(n)
+                at, seg = at + n, seg + 1
+        out.update(segment_ids=ids, positions=positions)
+    return out
+
+
 def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     """The communication report of ``config``'s compiled train step plus its median time over
     ``steps`` steps on random tokens (after one warm-up step); ``gspmd``: the GSPMD baseline
@@ -48,9 +68,9 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     rng = np.random.default_rng(0)
     times = []
     for i in range(steps + 1):
-        batch = {k: jax.device_put(rng.integers(0, config.model.vocab_size,
-                                                (t.batch_size, t.seq_len), dtype=np.int32),
-                                   model.batch_sharding) for k in ("inputs", "targets")}
+        batch = random_batch(rng, config.model.vocab_size, t.batch_size, t.seq_len,
+                             config.data.packing == "document")
+        batch = {k: jax.device_put(v, model.batch_sharding) for k, v in batch.items()}
         start = time.perf_counter()
         state, metrics = compiled(state, batch)
         jax.block_until_ready((state, metrics))

@@ -29,19 +29,36 @@ import numpy as np
 
 from boost_jax.data.prepare import read_manifest
 
-#: the arrays a packed row holds (models/batch.py), from grain's packing features
+#: the arrays a packed row holds (models/batch.py) <- grain's packing features
 PACKED = {"inputs": "inputs", "targets": "targets", "segment_ids": "inputs_segment_ids",
           "positions": "inputs_positions"}
 
 
-def _split_documents(offsets: np.ndarray, cut: int, split: str) -> np.ndarray:
-    """Start offsets of the split's documents and the split's end, ``[n_docs + 1]`` int64
-    (``offsets``: a shard's document starts and end; ``cut``: where its eval split starts)."""
-    offsets = np.asarray(offsets, np.int64)
-    if split == "train":
-        return np.append(offsets[offsets < cut], cut)
-    return np.concatenate([[cut], offsets[(offsets > cut) & (offsets < offsets[-1])],
-                           offsets[-1:]])
+class _SplitDocuments:
+    """One shard's documents within a split, read from its memory-mapped offsets (nothing
+    per document is held in memory): document ``i`` is tokens ``[start, end)``."""
+
+    def __init__(self, offsets: np.ndarray, cut: int, split: str):
+        self.offsets, self.cut, self.train = offsets, int(cut), split == "train"
+        if self.train:  # the documents that start before the cut, the last one cut there
+            self.count = int(np.searchsorted(offsets, cut, side="left"))
+        else:  # from the cut: its document's tail, then every later document
+            self.first = int(np.searchsorted(offsets, cut, side="right"))
+            self.count = len(offsets) - self.first if cut < offsets[-1] else 0
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        if self.train:
+            return int(self.offsets[i]), min(int(self.offsets[i + 1]), self.cut)
+        k = self.first + i
+        return (self.cut if i == 0 else int(self.offsets[k - 1])), int(self.offsets[k])
+
+    def lengths(self) -> np.ndarray:
+        """Every document's length (a shard's worth of int64, for building the index)."""
+        o = np.asarray(self.offsets, np.int64)
+        if self.train:
+            return np.minimum(o[1:self.count + 1], self.cut) - o[:self.count]
+        starts = np.concatenate([[self.cut], o[self.first:-1]])
+        return o[self.first:] - starts[:self.count]
 
 
 def _index_path(path: Path, split: str, seq_len: int, cache_dir: Path) -> Path:
@@ -69,9 +86,9 @@ class DocumentPieces:
             self.tokens.append(np.memmap(shard_dir / shard["file"], dtype, "r",
                                          shape=(shard["tokens"],)))
             offsets = np.load(shard_dir / shard["docs"], mmap_mode="r")
-            self.docs.append(_split_documents(offsets, shard["train_tokens"], split))
+            self.docs.append(_SplitDocuments(offsets, shard["train_tokens"], split))
         # the global document index of each shard's first document
-        self.first_doc = np.cumsum([0] + [len(d) - 1 for d in self.docs])
+        self.first_doc = np.cumsum([0] + [d.count for d in self.docs])
         self.ends = self._piece_ends()
         self.n = int(self.ends[-1]) if len(self.ends) else 0
 
@@ -84,7 +101,7 @@ class DocumentPieces:
             total = 0
             with open(tmp, "wb") as f:
                 for docs in self.docs:
-                    pieces = -(-np.diff(docs) // self.seq_len)  # ceil(n / seq_len)
+                    pieces = -(-docs.lengths() // self.seq_len)  # ceil(n / seq_len)
                     ends = total + np.cumsum(pieces, dtype=np.int64)
                     total = int(ends[-1]) if len(ends) else total
                     ends.tofile(f)
@@ -102,7 +119,7 @@ class DocumentPieces:
         piece = j - (int(self.ends[doc - 1]) if doc else 0)
         shard = int(np.searchsorted(self.first_doc, doc, side="right")) - 1
         local = doc - int(self.first_doc[shard])
-        start, end = (int(x) for x in self.docs[shard][local:local + 2])
+        start, end = self.docs[shard].bounds(local)
         # the sequence is eos + the document: its position p is token start + p - 1
         lo = start - 1 + piece * self.seq_len
         hi = min(lo + self.seq_len + 1, end)
@@ -118,28 +135,59 @@ class DocumentPieces:
         self.__init__(*state)
 
 
+def _rows(batch: dict, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Rows ``[lo, hi)`` of a packed batch, under the model's batch keys."""
+    return {k: np.asarray(batch[v][lo:hi], np.int32) for k, v in PACKED.items()}
+
+
 class _Rows:
-    """A packed global batch -> this process's rows, under the model's batch keys."""
+    """A packed batch (a group's, or a tuple of groups' side by side) -> rows ``[lo, hi)``."""
 
-    def __init__(self, rows: tuple[int, int]):
-        self.rows = rows
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, hi
 
-    def __call__(self, batch: dict) -> dict[str, np.ndarray]:
-        lo, hi = self.rows
-        return {k: np.asarray(batch[v][lo:hi], np.int32) for k, v in PACKED.items()}
+    def __call__(self, batch) -> dict[str, np.ndarray]:
+        if isinstance(batch, tuple):
+            batch = {v: np.concatenate([b[v] for b in batch]) for v in PACKED.values()}
+        return _rows(batch, self.lo, self.hi)
 
 
-def packed_batches(pieces: DocumentPieces, global_batch: int, rows: tuple[int, int],
-                   seed: int | None) -> grain.IterDataset:
-    """Global batches of ``global_batch`` packed rows (first-fit over as many bins), this
-    process's ``rows`` of each; ``seed``: shuffle the pieces each epoch, forever (``None``:
-    one pass in order, for eval)."""
+def _group(pieces: DocumentPieces, bins: int, g: int, groups: int, seed: int | None
+           ) -> grain.IterDataset:
+    """Packing group ``g`` of ``groups``: every ``groups``-th piece of the stream from the
+    ``g``-th, packed first-fit into batches of ``bins`` rows."""
     ds = grain.MapDataset.source(pieces)
     if seed is not None:
         ds = ds.seed(seed).shuffle().repeat(None)
+    if groups > 1:
+        ds = ds[g::groups]
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
     length = {"inputs": pieces.seq_len, "targets": pieces.seq_len}
     it = grain.experimental.FirstFitPackIterDataset(
-        it, length_struct=length, num_packing_bins=global_batch, seed=seed or 0,
+        it, length_struct=length, num_packing_bins=bins, seed=(seed or 0) + g,
         shuffle_bins=seed is not None)
-    return it.batch(global_batch, drop_remainder=True).map(_Rows(rows))
+    return it.batch(bins, drop_remainder=True)
+
+
+def packing_groups(global_batch: int, bins: int) -> tuple[int, int]:
+    """``(groups, rows per group)``: the global batch cut into groups of ``bins`` rows (one
+    group when it is smaller)."""
+    per = min(bins, global_batch)
+    return global_batch // per, per
+
+
+def packed_batches(pieces: DocumentPieces, global_batch: int, rows: tuple[int, int],
+                   seed: int | None, bins: int = 64) -> grain.IterDataset:
+    """Global batches of ``global_batch`` packed rows, this process's ``rows`` of each.
+
+    The global batch is cut into groups of ``bins`` rows (``Data.packing_bins``); group ``g``
+    packs its own share of the piece stream (every ``groups``-th piece) first-fit into its
+    rows, so a process packs only the groups that hold its rows and the global batch does not
+    depend on the process count. ``seed``: shuffle the pieces each epoch, forever (``None``:
+    one pass in order, for eval)."""
+    groups, per = packing_groups(global_batch, bins)
+    first, last = rows[0] // per, -(-rows[1] // per)
+    parents = [_group(pieces, per, g, groups, seed) for g in range(first, last)]
+    it = parents[0] if len(parents) == 1 else grain.experimental.ZipIterDataset(
+        parents=parents)
+    return it.map(_Rows(rows[0] - first * per, rows[1] - first * per))

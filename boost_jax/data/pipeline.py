@@ -94,12 +94,16 @@ class _ProcessRows:
 
 @dataclass(frozen=True)
 class Dataset:
-    """A prepared dataset directory, its manifest (data/prepare.py), and the cache where
-    document-packing indexes go."""
+    """A prepared dataset directory, its manifest (data/prepare.py), and the ``Data`` config
+    it was opened with (packing, where document-packing indexes go)."""
 
     path: Path
     meta: dict
-    cache_dir: Path
+    data: Data
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.data.cache_dir) if self.data.cache_dir else default_cache_dir()
 
     @property
     def vocab_size(self) -> int:
@@ -137,7 +141,34 @@ def open_dataset(data: Data) -> Dataset:
     for f in files:
         if not f.is_file():
             raise ConfigError(f"Data.path={data.path!r}: missing {f.relative_to(path)}")
-    return Dataset(path, meta, Path(data.cache_dir) if data.cache_dir else default_cache_dir())
+    return Dataset(path, meta, data)
+
+
+def open_dataset_on_all(data: Data) -> Dataset:
+    """:func:`open_dataset` in a multi-process run: process 0 opens (and, for a bundled corpus
+    on a fresh cache, prepares) first while the others wait; then all agree on the outcome
+    (one broadcast), so a failure on process 0 stops every process with a clear error instead
+    of leaving them to race or hang. The others then open the finished dataset (or, when
+    their host has its own cache, prepare the same one there, one process of a host at a
+    time)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return open_dataset(data)
+    first, error = None, None
+    if jax.process_index() == 0:
+        try:
+            first = open_dataset(data)
+        except Exception as err:  # noqa: BLE001 -- told to the others, then raised here
+            error = err
+    failed = int(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
+    if error is not None:
+        raise error
+    if failed:
+        raise ConfigError(f"Data.path={data.path!r}: process 0 could not open or prepare the "
+                          "dataset (its log says why)")
+    return first if first is not None else open_dataset(data)
 
 
 def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:
@@ -145,17 +176,16 @@ def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:
 
 
 def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
-                   rows: tuple[int, int] | None = None, worker_count: int = 0,
-                   packing: str = "concat"):
+                   rows: tuple[int, int] | None = None, worker_count: int = 0):
     """A checkpointable grain iterator over this process's ``rows`` (default: all) of the
-    training stream (``packing``: ``concat`` or ``document``, see the module docstring)."""
+    training stream (packed as ``ds.data.packing`` says, see the module docstring)."""
     rows = rows or (0, global_batch)
-    if packing == "document":
+    if ds.data.packing == "document":
         pieces = ds.pieces("train", seq_len)
         if len(pieces) < global_batch:
             raise _too_short(ds, "train", f"has {len(pieces)} documents, fewer than "
                              f"Train.batch_size={global_batch}", "use a larger corpus")
-        it = packed_batches(pieces, global_batch, rows, seed)
+        it = packed_batches(pieces, global_batch, rows, seed, ds.data.packing_bins)
     else:
         windows = ds.windows("train", seq_len)
         if len(windows) < global_batch:
@@ -172,17 +202,17 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
 
 
 def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
-                 rows: tuple[int, int] | None = None, packing: str = "concat"
-                 ) -> list[dict[str, np.ndarray]]:
+                 rows: tuple[int, int] | None = None) -> list[dict[str, np.ndarray]]:
     """This process's ``rows`` (default: all) of the first ``n_batches`` global eval batches
     (fewer if the split is short; an error if it cannot fill one)."""
     rows = rows or (0, global_batch)
     if n_batches <= 0:
         return []
     fix = "lower Train.eval_batches or raise the eval fraction"
-    if packing == "document":
+    if ds.data.packing == "document":
+        pieces = ds.pieces("eval", seq_len)
         out = list(itertools.islice(
-            packed_batches(ds.pieces("eval", seq_len), global_batch, rows, None), n_batches))
+            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), n_batches))
         if not out:
             raise _too_short(ds, "eval", f"cannot fill one batch of {global_batch} packed "
                              "rows", fix)

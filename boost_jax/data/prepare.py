@@ -12,9 +12,11 @@ Output directory (format 2)::
 
 Inputs are ``.txt``-like files (one document per file) and ``.jsonl`` files (one document per
 line, ``--text_field``), optionally ``.gz``/``.xz``/``.bz2``-compressed, or directories of them
-(C4's ``*.json.gz`` shards as they are). They are read as streams. Documents are grouped in
-chunks of about ``chunk_mb`` MiB of text (shuffled within the chunk with ``--seed``) and a shard
-is ``chunks_per_shard`` chunks, so what a shard holds depends on the inputs alone.
+(C4's ``*.json.gz`` shards as they are), or a Hugging Face dataset directory saved with
+``save_to_disk`` (its ``.arrow`` files, column ``--text_field``; needs pyarrow). They are read
+as streams. Documents are grouped in chunks of about ``chunk_mb`` MiB of text (shuffled within
+the chunk with ``--seed``) and a shard is ``chunks_per_shard`` chunks, so what a shard holds
+depends on the inputs alone.
 
 Memory is bounded whatever the corpus size: ``workers`` processes tokenize chunks with at most
 ``2 workers`` chunks in flight, and tokens go to disk as they arrive. Everything is written
@@ -54,7 +56,11 @@ _OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 def _files(paths: Sequence[str | Path]) -> list[Path]:
     out = []
     for p in map(Path, paths):
-        if p.is_dir():
+        if p.is_dir() and (p / "state.json").is_file() and (p / "dataset_info.json").is_file():
+            # a Hugging Face dataset saved with save_to_disk: its Arrow files, in order
+            state = json.loads((p / "state.json").read_text())
+            out.extend(p / f["filename"] for f in state["_data_files"])
+        elif p.is_dir():
             out.extend(sorted(f for f in p.rglob("*") if f.is_file()))
         elif p.is_file():
             out.append(p)
@@ -71,6 +77,9 @@ def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> Ite
         suffixes = path.suffixes
         opener = _OPENERS.get(suffixes[-1] if suffixes else "", open)
         base = suffixes[-2] if opener is not open and len(suffixes) > 1 else path.suffix
+        if path.suffix == ".arrow":
+            yield from _arrow_documents(path, text_field)
+            continue
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             if base in (".jsonl", ".json"):
                 for n, line in enumerate(f, 1):
@@ -81,6 +90,23 @@ def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> Ite
                         yield record[text_field]
             else:
                 yield f.read()
+
+
+def _arrow_documents(path: Path, text_field: str) -> Iterator[str]:
+    """The ``text_field`` column of an Arrow IPC stream file (what ``datasets``'
+    ``save_to_disk`` writes), a record batch at a time."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise ImportError(f"{path}: reading Arrow files (a Hugging Face dataset saved with "
+                          "save_to_disk) needs pyarrow: pip install pyarrow") from None
+    with pa.memory_map(str(path)) as source:
+        reader = pa.ipc.open_stream(source)
+        if text_field not in reader.schema.names:
+            raise KeyError(f"{path}: no column {text_field!r} (columns: "
+                           f"{', '.join(reader.schema.names)})")
+        for batch in reader:
+            yield from batch.column(text_field).to_pylist()
 
 
 def chunks(docs: Iterator[str], chunk_bytes: int) -> Iterator[list[str]]:
@@ -372,6 +398,9 @@ def ensure_bundled(name: str, tokenizer: str, eval_fraction: float,
     if not (out / "manifest.json").exists():
         with _exclusive(out.with_name(out.name + ".lock"), timeout):
             if not (out / "manifest.json").exists():
+                from absl import logging
+
+                logging.info("preparing the bundled corpus %r into %s", name, out)
                 prepare([corpus_path(name)], out, tokenizer, eval_fraction)
     return out
 

@@ -24,7 +24,7 @@ from absl import logging
 
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
 from boost_jax.config import Config, ConfigError
-from boost_jax.data.pipeline import eval_batches, open_dataset, train_iterator
+from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
@@ -163,19 +163,17 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     m_cfg, t_cfg = config.model, config.train
     pi, pc = jax.process_index(), jax.process_count()
     mesh = make_mesh(config.parallel, devices)
-    dataset = open_dataset(config.data)
+    dataset = open_dataset_on_all(config.data)
     if dataset.vocab_size > m_cfg.vocab_size:
         raise ConfigError(f"Model.vocab_size={m_cfg.vocab_size} is smaller than the vocabulary "
                           f"of the dataset's tokenizer ({dataset.vocab_size})")
     model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
     opt = make_optimizer(t_cfg)
     rows = local_batch_rows(mesh, t_cfg.batch_size)
-    packing = config.data.packing
     train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, rows,
-                              config.data.worker_count, packing)
+                              config.data.worker_count)
     evals = [_global_batch(b, model, t_cfg.batch_size) for b in
-             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, rows,
-                          packing)]
+             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, rows)]
     if pi == 0:
         workdir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
@@ -188,7 +186,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
 
     t0 = time.perf_counter()
     step_fn = compile_train_step(model, opt, t_cfg.batch_size, t_cfg.seq_len,
-                                 packing == "document")
+                                 config.data.packing == "document")
     eval_fn = make_eval_step(model)
     tokens = t_cfg.batch_size * t_cfg.seq_len
     device_kind = mesh.devices.flat[0].device_kind

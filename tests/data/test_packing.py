@@ -10,8 +10,9 @@ from boost_jax.data.pipeline import _regions, eval_batches, open_dataset, train_
 SEQ = 32
 
 
-def _dataset(path, tmp_path):
-    return open_dataset(Data(path=str(path), packing="document", cache_dir=str(tmp_path)))
+def _dataset(path, tmp_path, bins=64):
+    return open_dataset(Data(path=str(path), packing="document", cache_dir=str(tmp_path),
+                             packing_bins=bins))
 
 
 def _take(it, n):
@@ -60,7 +61,7 @@ def test_packed_rows_are_whole_pieces(packing_data, tmp_path):
     source = ds.pieces("train", SEQ)
     pieces = {(x["inputs"].tobytes(), x["targets"].tobytes())
               for x in (source[j] for j in range(len(source)))}
-    batches = _take(train_iterator(ds, SEQ, 8, seed=0, packing="document"), 4)
+    batches = _take(train_iterator(ds, SEQ, 8, seed=0), 4)
     for b in batches:
         assert set(b) == {"inputs", "targets", "segment_ids", "positions"}
         assert all(v.shape == (8, SEQ) and v.dtype == np.int32 for v in b.values())
@@ -69,20 +70,23 @@ def test_packed_rows_are_whole_pieces(packing_data, tmp_path):
     assert used > 0.8, used  # first-fit over 8 bins leaves little padding
 
 
-def test_packed_stream_per_process_rows_and_resume(packing_data, tmp_path):
-    ds = _dataset(packing_data, tmp_path)
-    whole = _take(train_iterator(ds, SEQ, 8, seed=3, packing="document"), 3)
-    parts = [_take(train_iterator(ds, SEQ, 8, seed=3, rows=(4 * p, 4 * p + 4),
-                                  packing="document"), 3) for p in range(2)]
-    for b in range(3):
-        for k in whole[b]:
-            np.testing.assert_array_equal(
-                np.concatenate([parts[0][b][k], parts[1][b][k]]), whole[b][k])
-    it = train_iterator(ds, SEQ, 8, seed=3, packing="document")
+@pytest.mark.parametrize("bins", [64, 4, 2])
+def test_packed_stream_per_process_rows_and_resume(packing_data, tmp_path, bins):
+    """Processes (rows [0, 4) and [4, 8)) together read the global batch, whatever the
+    packing groups (one of 8 rows, two of 4: one per process, four of 2: two per process)."""
+    ds = _dataset(packing_data, tmp_path, bins)
+    whole = _take(train_iterator(ds, SEQ, 8, seed=3), 3)
+    for split in ([(0, 4), (4, 8)], [(0, 2), (2, 6), (6, 8)]):  # the second straddles groups
+        parts = [_take(train_iterator(ds, SEQ, 8, seed=3, rows=rows), 3) for rows in split]
+        for b in range(3):
+            for k in whole[b]:
+                np.testing.assert_array_equal(np.concatenate([p[b][k] for p in parts]),
+                                              whole[b][k])
+    it = train_iterator(ds, SEQ, 8, seed=3)
     _take(it, 5)
     state = it.get_state()
     expected = _take(it, 3)
-    it2 = train_iterator(ds, SEQ, 8, seed=3, packing="document")
+    it2 = train_iterator(ds, SEQ, 8, seed=3)
     it2.set_state(state)
     for x, y in zip(expected, _take(it2, 3)):
         for k in x:
@@ -91,17 +95,16 @@ def test_packed_stream_per_process_rows_and_resume(packing_data, tmp_path):
 
 def test_packed_eval_is_fixed_and_split_by_rows(packing_data, tmp_path):
     ds = _dataset(packing_data, tmp_path)
-    ev = eval_batches(ds, SEQ, 8, 2, packing="document")
-    again = eval_batches(ds, SEQ, 8, 2, packing="document")
-    halves = [eval_batches(ds, SEQ, 8, 2, (4 * p, 4 * p + 4), packing="document")
-              for p in range(2)]
+    ev = eval_batches(ds, SEQ, 8, 2)
+    again = eval_batches(ds, SEQ, 8, 2)
+    halves = [eval_batches(ds, SEQ, 8, 2, (4 * p, 4 * p + 4)) for p in range(2)]
     assert len(ev) == 2
     for b in range(2):
         for k in ev[b]:
             np.testing.assert_array_equal(ev[b][k], again[b][k])
             np.testing.assert_array_equal(np.concatenate([h[b][k] for h in halves]), ev[b][k])
     with pytest.raises(ConfigError, match="eval split cannot fill"):
-        eval_batches(ds, SEQ, 10_000, 1, packing="document")
+        eval_batches(ds, SEQ, 10_000, 1)
 
 
 def test_packing_needs_document_offsets(tiny_data, tmp_path):

@@ -27,6 +27,27 @@ def test_reads_text_jsonl_and_compressed(tmp_path):
         list(read_documents([tmp_path / "missing.txt"]))
 
 
+def test_reads_a_hugging_face_save_to_disk_directory(tmp_path):
+    """The layout ``datasets.Dataset.save_to_disk`` writes: Arrow IPC stream files listed in
+    ``state.json``, beside ``dataset_info.json`` (which is not read as a document)."""
+    pa = pytest.importorskip("pyarrow")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    names = []
+    for k, texts in enumerate([["one", "two"], ["three"]]):
+        names.append(f"data-{k:05d}-of-00002.arrow")
+        table = pa.table({"text": texts, "url": ["u"] * len(texts)})
+        with pa.OSFile(str(saved / names[-1]), "wb") as sink:
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=1)
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": n}
+                                                                  for n in names]}))
+    (saved / "dataset_info.json").write_text(json.dumps({"features": {}}, indent=2))
+    assert list(read_documents([saved])) == ["one", "two", "three"]
+    with pytest.raises(KeyError, match="no column 'body'"):
+        list(read_documents([saved], text_field="body"))
+
+
 def test_prepared_layout(tiny_data):
     meta = json.loads((tiny_data / "manifest.json").read_text())
     (shard,) = meta["shards"]
@@ -126,3 +147,27 @@ def test_prepare_resumes_after_kill_without_redoing_finished_shards(tmp_path):
     fresh = prepare([src], tmp_path / "fresh", **SMALL_SHARDS)
     resumed = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert resumed["shards"] == fresh["shards"]
+
+
+@pytest.mark.slow
+def test_prepare_runs_under_a_memory_cap_smaller_than_the_corpus(tmp_path):
+    """A 640 MiB corpus prepared by processes each capped at 512 MiB of address space
+    (``RLIMIT_AS``, inherited by the tokenizer workers): memory does not grow with the
+    corpus."""
+    import resource
+
+    cap = 512 * 2**20
+    src = write_corpus(tmp_path / "src", 640, files=2)
+    assert sum(f.stat().st_size for f in src.iterdir()) > cap
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    out = subprocess.run([sys.executable, "-m", "boost_jax.data.prepare", f"--input={src}",
+                          f"--output={tmp_path / 'out'}", "--tokenizer=llama32k",
+                          "--workers=2"], preexec_fn=limit, capture_output=True, text=True,
+                         timeout=1500)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert verify(tmp_path / "out") == []
+    summary = json.loads(out.stdout)
+    assert summary["train_tokens"] > 50_000_000 and summary["peak_rss_mib"] < 512

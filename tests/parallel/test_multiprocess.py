@@ -121,3 +121,17 @@ def test_bad_multiprocess_setups(tmp_path, flags, needle):
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1
     assert errors[0].startswith(f"boost_jax.train: error: {needle.format(port=port)}")
+
+
+def test_two_processes_on_a_fresh_cache_prepare_the_bundled_corpus_once(tmp_path):
+    """``launch/local.sh 2`` with a bundled corpus and an empty cache: process 0 prepares,
+    process 1 waits for it; both train on the same dataset."""
+    flags = _flags("bundled:shakespeare", tmp_path / "run", 2)
+    flags += [f"--gin_param=Data.cache_dir='{tmp_path / 'cache'}'",
+              "--gin_param=Data.tokenizer='bpe:512'", "--gin_param=Model.vocab_size=512"]
+    out = _run(2, flags)
+    prepared = [line for line in out.stderr.splitlines() if "preparing the bundled" in line]
+    assert len(prepared) == 1 and prepared[0].startswith("[p0]"), prepared
+    (data,) = (tmp_path / "cache" / "data").glob("shakespeare-*[0-9]")
+    assert (data / "manifest.json").is_file()
+    assert _losses(tmp_path / "run").keys() == {1, 2}

@@ -81,15 +81,16 @@ def test_loss_is_the_mean_over_documents_and_ignores_padding():
     assert rel_err(loss2, loss) <= 1e-6
 
 
-@pytest.mark.parametrize("mesh, plan, options", [
-    ((2, 1, 4), "btp", dict(grad_accum=2)),
-    ((2, 2, 2), "btp", dict(microbatches=2)),
-    ((2, 1, 4), "vanilla", {}),
+@pytest.mark.parametrize("arch, mesh, plan, options", [
+    ("cola", (2, 1, 4), "btp", dict(grad_accum=2)),
+    ("cola", (2, 2, 2), "btp", dict(microbatches=2)),
+    ("cola", (2, 1, 4), "vanilla", {}),
+    ("dense", (1, 1, 4), "fullrank", {}),
 ])
-def test_packed_loss_and_grads_match_single_device(mesh, plan, options):
+def test_packed_loss_and_grads_match_single_device(arch, mesh, plan, options):
     """Segment ids travel with every data shard, micro-step and pipeline microbatch; the
     global token count is exact whatever the padding per shard."""
-    model, params, _, batch = _problem("cola", n_layers=4)
+    model, params, _, batch = _problem(arch, n_layers=4)
     packing = {k: batch[k] for k in ("segment_ids", "positions")}
     ref = loss_and_grads(model, SINGLE, params, batch["inputs"], batch["targets"],
                          packing=packing)
