@@ -91,7 +91,7 @@ def _check_resume(meta: dict, config: Config) -> None:
                           f"{model[diff[0]]!r}, now {now['Model'][diff[0]]!r}); use a new "
                           "--workdir")
     for group, keys in (("Train", ("seed", "batch_size", "seq_len", "schedule_steps")),
-                        ("Data", ("path", "tokenizer"))):
+                        ("Data", ("path", "tokenizer", "packing", "packing_bins"))):
         for k in keys:
             old, new = saved.get(group, {}).get(k), now[group][k]
             if old is not None and old != new:
