@@ -25,6 +25,7 @@ REMATS = ("none", "full", "lowrank", "lowrank_attn")
 SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
 PACKINGS = ("concat", "document")
+NONFINITE = ("stop", "skip")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
 
 
@@ -229,8 +230,16 @@ class Train:
     eval_batches: int = 4
     log_every: int = 10
     peak_tflops: float | None = None  # per-device peak for MFU; None = look up the device kind
+    #: a step whose loss or gradient norm is not finite is never applied; then ``stop``: end
+    #: the run (no checkpoint written over the last good one), ``skip``: go on with the next
+    #: batch, unless more than ``max_skips`` steps in a row were skipped
+    nonfinite: str = "stop"
+    max_skips: int = 10
 
     def __post_init__(self):
+        _check(self.nonfinite in NONFINITE,
+               f"Train.nonfinite={self.nonfinite!r} must be one of {', '.join(NONFINITE)}")
+        _check(self.max_skips >= 0, f"Train.max_skips={self.max_skips} must be >= 0")
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "log_every"):
             value = getattr(self, name)

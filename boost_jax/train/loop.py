@@ -1,13 +1,18 @@
 """The training loop: restore-or-init, jitted steps, logging, eval, checkpoints, signals.
 
-Flow: mesh -> dataset -> sharded model + optimizer -> restore the newest intact checkpoint (or
-initialise from the seed) -> compile the step ahead of time -> loop. Metrics of step ``n`` are
-read back after step ``n + 1`` has been dispatched, so the host never stalls the device.
-SIGTERM/SIGINT stop the loop after the current step and write a checkpoint first.
+Flow (:class:`_Run`, one method a step): mesh -> dataset -> sharded model + optimizer ->
+restore the newest intact checkpoint (or initialise from the seed) -> compile the step ahead
+of time -> train -> final checkpoint and eval. Metrics of step ``n`` are read back after step
+``n + 1`` has been dispatched, so the host never stalls the device; step time excludes eval
+and checkpoint time. SIGTERM/SIGINT stop the loop after the current step and write a
+checkpoint first. A step whose loss or gradient norm is not finite is never applied (inside
+the jitted step); ``Train.nonfinite`` then stops the run without a final checkpoint or skips
+the step (at most ``Train.max_skips`` in a row).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,13 +28,13 @@ import numpy as np
 from absl import logging
 
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
-from boost_jax.config import Config, ConfigError
+from boost_jax.config import Config, ConfigError, Train
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter, progress_line
-from boost_jax.train.optim import Optimizer, make_optimizer
+from boost_jax.train.optim import make_optimizer
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
@@ -51,6 +56,7 @@ class Summary:
     interrupted_by: int | None  # signal number, if a signal stopped the run
     checkpoint_dir: str
     metrics_file: str
+    diverged: str | None = None  # why the non-finite policy stopped the run
 
     @property
     def eval_ppl(self) -> float | None:
@@ -115,131 +121,207 @@ def _write_config(workdir: Path, config: Config) -> None:
     (workdir / "config.gin").write_text(gin.config_str())
 
 
+class Diverged(RuntimeError):
+    """The loss or gradient norm stopped being finite (``Train.nonfinite``)."""
+
+
 class _Reporter:
     """Reads a step's metrics back from the device and logs them with step time, throughput
-    and MFU (the time of step n is the gap between the completions of steps n-1 and n)."""
+    and MFU, and applies the non-finite policy.
 
-    def __init__(self, writer: MetricsWriter, total: int, log_every: int, tokens: int,
+    One clock: the time of step ``n`` is the gap between the completions of steps ``n-1`` and
+    ``n``, less the time spent in :meth:`paused` blocks (eval, checkpoint saves) in between.
+    """
+
+    def __init__(self, writer: MetricsWriter, train: Train, tokens: int,
                  flops_per_device: float, peak: float | None):
-        self.writer, self.total, self.log_every = writer, total, log_every
+        self.writer, self.train = writer, train
         self.tokens, self.flops, self.peak = tokens, flops_per_device, peak
-        self.last_done, self.last_loss = time.perf_counter(), None
+        self.last_done, self.excluded, self.last_loss = time.perf_counter(), 0.0, None
+        self.skipped_in_a_row, self.skipped = 0, 0
+
+    @contextlib.contextmanager
+    def paused(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - start
 
     def __call__(self, step: int, metrics: dict) -> None:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         now = time.perf_counter()
-        dt, self.last_done = now - self.last_done, now
+        dt = now - self.last_done - self.excluded
+        self.last_done, self.excluded = now, 0.0
         values.update(step_time=dt, tokens_per_sec=self.tokens / dt,
                       tflops_per_device=self.flops / dt / 1e12,
                       mfu=None if self.peak is None else self.flops / dt / self.peak)
+        self._check_finite(step, values)
         self.last_loss = values["loss"]
         self.writer.write(step, values)
-        if step % self.log_every == 0 or step == self.total:
-            logging.info(progress_line(step, self.total, values))
+        if step % self.train.log_every == 0 or step == self.train.steps:
+            logging.info(progress_line(step, self.train.steps, values))
+
+    def _check_finite(self, step: int, values: dict) -> None:
+        """Count a skipped step; raise :class:`Diverged` when the policy says stop."""
+        if not values["nonfinite"]:
+            self.skipped_in_a_row = 0
+            return
+        self.skipped += 1
+        self.skipped_in_a_row += 1
+        values["skipped_total"] = self.skipped
+        what = f"step {step}: loss {values['loss']}, gradient norm {values['grad_norm']}"
+        if self.train.nonfinite == "stop":
+            raise Diverged(f"{what} (Train.nonfinite='stop'); the step was not applied and "
+                           "no checkpoint was written after it")
+        if self.skipped_in_a_row > self.train.max_skips:
+            raise Diverged(f"{what}: {self.skipped_in_a_row} steps in a row skipped, more "
+                           f"than Train.max_skips={self.train.max_skips}")
+        logging.warning("%s: not finite, step skipped (parameters and optimizer state "
+                        "unchanged; %d in a row)", what, self.skipped_in_a_row)
 
 
-def _restore_or_init(ckpt: Checkpointer, model: ShardedModel, opt: Optimizer, config: Config,
-                     train_it) -> tuple[dict, int]:
-    restored = ckpt.restore_latest(abstract_state(model, opt, canonical=True),
-                                   check_meta=lambda saved: _check_resume(saved, config))
-    if restored is not None:
-        state, meta = from_checkpoint_layout(model, opt, restored[0]), restored[1]
-        train_it.set_state(meta["data_state"])
-        start = int(jax.device_get(state["step"]))
-        logging.info("resumed from %s at step %d", ckpt.directory / str(start), start)
-        return state, start
-    m = config.model
-    n_params = sum(math.prod(d.shape) for d in model.defs.values())
-    logging.info("initialised %s/%s (%s parameters) from seed %d", m.arch, m.size,
-                 f"{n_params:,}", config.train.seed)
-    return init_state(model, opt, config.train.seed), 0
+class _Run:
+    """One run's parts, and the named steps of the loop: restore, step, report, evaluate,
+    checkpoint, finish."""
+
+    def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool):
+        t = config.train
+        self.config, self.workdir, self.t = config, workdir, t
+        mesh = make_mesh(config.parallel, devices)
+        dataset = open_dataset_on_all(config.data)
+        if dataset.vocab_size > config.model.vocab_size:
+            raise ConfigError(f"Model.vocab_size={config.model.vocab_size} is smaller than the "
+                              f"vocabulary of the dataset's tokenizer ({dataset.vocab_size})")
+        self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
+        self.opt = make_optimizer(t)
+        rows = local_batch_rows(mesh, t.batch_size)
+        self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,
+                                       config.data.worker_count)
+        self.evals = [self.global_batch(b) for b in
+                      eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)]
+        self.lead = jax.process_index() == 0
+        if self.lead:
+            workdir.mkdir(parents=True, exist_ok=True)
+        self.ckpt = Checkpointer(workdir / "checkpoints", t.keep_checkpoints, checkpoint_async)
+        self.meta = {"config": config.to_dict(), "process_count": jax.process_count(),
+                     "worker_count": config.data.worker_count}  # + "data_state" at each save
+
+    def global_batch(self, local: dict) -> dict:
+        return _global_batch(local, self.model, self.t.batch_size)
+
+    def restore(self) -> tuple[dict, int]:
+        """The newest intact checkpoint's state (and data position), else a fresh one."""
+        model, opt = self.model, self.opt
+        restored = self.ckpt.restore_latest(abstract_state(model, opt, canonical=True),
+                                            check_meta=lambda m: _check_resume(m, self.config))
+        if restored is not None:
+            state, meta = from_checkpoint_layout(model, opt, restored[0]), restored[1]
+            self.train_it.set_state(meta["data_state"])
+            start = int(jax.device_get(state["step"]))
+            logging.info("resumed from %s at step %d", self.ckpt.directory / str(start), start)
+            return state, start
+        m = self.config.model
+        n_params = sum(math.prod(d.shape) for d in model.defs.values())
+        logging.info("initialised %s/%s (%s parameters) from seed %d", m.arch, m.size,
+                     f"{n_params:,}", self.t.seed)
+        return init_state(model, opt, self.t.seed), 0
+
+    def compile(self, start: int) -> None:
+        """Compile the steps; open the metrics (from ``start``)."""
+        t, mesh = self.t, self.model.mesh
+        if self.lead:
+            _write_config(self.workdir, self.config)
+        self.writer = MetricsWriter(self.workdir, start, enabled=self.lead)
+        t0 = time.perf_counter()
+        self.step_fn = compile_train_step(self.model, self.opt, t.batch_size, t.seq_len,
+                                          self.config.data.packing == "document")
+        self.eval_fn = make_eval_step(self.model)
+        tokens = t.batch_size * t.seq_len
+        kind = mesh.devices.flat[0].device_kind
+        logging.info("compiled the train step in %.1f s; %d steps of %d tokens on a %s mesh of "
+                     "%s", time.perf_counter() - t0, t.steps, tokens, dict(mesh.shape), kind)
+        flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
+        self.report = _Reporter(self.writer, t, tokens, flops,
+                                peak_flops(kind, t.dtype, t.peak_tflops))
+
+    def evaluate(self, step: int, params: dict) -> float | None:
+        if not self.evals:
+            return None
+        with self.report.paused():
+            loss = float(np.mean([jax.device_get(self.eval_fn(params, b)) for b in self.evals]))
+        self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
+        logging.info("eval at step %d: loss %.4f, perplexity %.2f", step, loss, math.exp(loss))
+        return loss
+
+    def checkpoint(self, step: int, state: dict, wait: bool = False) -> None:
+        with self.report.paused():
+            self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
+                           {**self.meta, "data_state": self.train_it.get_state()}, wait=wait)
+
+    def train(self, state: dict, start: int, stop: _Stop) -> tuple[dict, int, float | None]:
+        """Steps until ``Train.steps`` or a signal. Metrics of step ``n`` are read after step
+        ``n + 1`` is dispatched, so the host never stalls the device. Returns ``(state, step,
+        the last eval loss)``; raises :class:`Diverged` by the non-finite policy."""
+        t = self.t
+        step, pending, eval_loss = start, None, None
+
+        def due(every: int) -> bool:
+            return step % every == 0 and step < t.steps
+
+        while step < t.steps and stop.signum is None:
+            state, metrics = self.step_fn(state, self.global_batch(next(self.train_it)))
+            step = self.step = step + 1
+            if pending is not None:
+                self.report(*pending)
+            pending = (step, metrics)
+            if due(t.checkpoint_every):
+                self.checkpoint(step, state)
+            if due(t.eval_every):
+                self.report(*pending)
+                pending, eval_loss = None, self.evaluate(step, state["params"])
+        if pending is not None:
+            self.report(*pending)
+        return state, step, eval_loss
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.writer.close()
 
 
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
         checkpoint_async: bool = True) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring."""
     t_start = time.perf_counter()
-    workdir = Path(workdir).absolute()
-    m_cfg, t_cfg = config.model, config.train
-    pi, pc = jax.process_index(), jax.process_count()
-    mesh = make_mesh(config.parallel, devices)
-    dataset = open_dataset_on_all(config.data)
-    if dataset.vocab_size > m_cfg.vocab_size:
-        raise ConfigError(f"Model.vocab_size={m_cfg.vocab_size} is smaller than the vocabulary "
-                          f"of the dataset's tokenizer ({dataset.vocab_size})")
-    model = ShardedModel(m_cfg, config.parallel, mesh, jnp.dtype(t_cfg.dtype))
-    opt = make_optimizer(t_cfg)
-    rows = local_batch_rows(mesh, t_cfg.batch_size)
-    train_it = train_iterator(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.seed, rows,
-                              config.data.worker_count)
-    evals = [_global_batch(b, model, t_cfg.batch_size) for b in
-             eval_batches(dataset, t_cfg.seq_len, t_cfg.batch_size, t_cfg.eval_batches, rows)]
-    if pi == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpointer(workdir / "checkpoints", t_cfg.keep_checkpoints, checkpoint_async)
-    meta = {"config": config.to_dict(), "process_count": pc,
-            "worker_count": config.data.worker_count}  # + "data_state" at every save
-    state, start = _restore_or_init(ckpt, model, opt, config, train_it)
-    if pi == 0:
-        _write_config(workdir, config)
-    writer = MetricsWriter(workdir, start, enabled=pi == 0)
-
-    t0 = time.perf_counter()
-    step_fn = compile_train_step(model, opt, t_cfg.batch_size, t_cfg.seq_len,
-                                 config.data.packing == "document")
-    eval_fn = make_eval_step(model)
-    tokens = t_cfg.batch_size * t_cfg.seq_len
-    device_kind = mesh.devices.flat[0].device_kind
-    logging.info("compiled the train step in %.1f s; %d steps of %d tokens on a %s mesh of %s",
-                 time.perf_counter() - t0, t_cfg.steps, tokens, dict(mesh.shape), device_kind)
-    peak = peak_flops(device_kind, t_cfg.dtype, t_cfg.peak_tflops)
-    report = _Reporter(writer, t_cfg.steps, t_cfg.log_every, tokens,
-                       train_flops_per_token(m_cfg, t_cfg.seq_len) * tokens / mesh.size, peak)
-
-    def evaluate(step: int) -> float | None:
-        if not evals:
-            return None
-        loss = float(np.mean([jax.device_get(eval_fn(state["params"], b)) for b in evals]))
-        writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
-        logging.info("eval at step %d: loss %.4f, perplexity %.2f", step, loss, math.exp(loss))
-        return loss
-
-    # metrics of step n are read after step n+1 is dispatched: the host never stalls the device
-    step, pending, eval_loss = start, None, None
+    r = _Run(config, Path(workdir).absolute(), devices, checkpoint_async)
+    state, start = r.restore()
+    r.compile(start)
+    r.step = start
+    diverged = None
     with _Stop() as stop:
-        while step < t_cfg.steps and stop.signum is None:
-            batch = _global_batch(next(train_it), model, t_cfg.batch_size)
-            state, metrics = step_fn(state, batch)
-            step += 1
-            if pending is not None:
-                report(*pending)
-            pending = (step, metrics)
-            if step % t_cfg.checkpoint_every == 0 and step < t_cfg.steps:
-                ckpt.save(step, to_checkpoint_layout(model, opt, state),
-                          {**meta, "data_state": train_it.get_state()})
-            if step % t_cfg.eval_every == 0 and step < t_cfg.steps:
-                report(*pending)
-                pending, eval_loss = None, evaluate(step)
-        if pending is not None:
-            report(*pending)
+        try:
+            state, step, eval_loss = r.train(state, start, stop)
+        except Diverged as err:  # nothing is saved over the last good checkpoint
+            diverged, step, eval_loss = str(err), r.step, None
         interrupted = stop.signum
-    ckpt.save(step, to_checkpoint_layout(model, opt, state),
-              {**meta, "data_state": train_it.get_state()}, wait=True)
-    if interrupted is not None:
-        logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the same "
-                        "command to resume", interrupted, step)
-    elif step > start or eval_loss is None:
-        eval_loss = evaluate(step)
-    ckpt.close()
-    writer.close()
-    summary = Summary(start, step, report.last_loss, eval_loss, interrupted,
-                      str(ckpt.directory), str(writer.path))
-    if pi == 0:
+    if diverged is None:
+        r.checkpoint(step, state, wait=True)
+        if interrupted is not None:
+            logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the "
+                            "same command to resume", interrupted, step)
+        elif step > start or eval_loss is None:
+            eval_loss = r.evaluate(step, state["params"])
+    r.close()
+    summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
+                      str(r.ckpt.directory), str(r.writer.path), diverged)
+    if diverged is not None:
+        logging.error("training diverged: %s", diverged)
+    elif r.lead:
         ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
         loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
         logging.info("done: steps %d->%d, final train loss %s, eval perplexity %s, %.0f s",
                      start, step, loss, ppl, time.perf_counter() - t_start)
         logging.info("checkpoints: %s", summary.checkpoint_dir)
         logging.info("metrics: %s (TensorBoard: %s)", summary.metrics_file,
-                     workdir / "tensorboard")
+                     r.workdir / "tensorboard")
     return summary

@@ -9,6 +9,8 @@ given, then in the repository's ``configs/`` directory.
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags
 
 from boost_jax.cli import define_gin_flags, run_command
@@ -22,6 +24,9 @@ def _train(config) -> int:
     from boost_jax.train.loop import run
 
     summary = run(config, FLAGS.workdir)
+    if summary.diverged is not None:
+        print(f"boost_jax.train: error: {summary.diverged}", file=sys.stderr)
+        return 1
     return 0 if summary.interrupted_by is None else 128 + summary.interrupted_by
 
 

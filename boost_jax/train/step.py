@@ -176,15 +176,24 @@ def make_grad_fn(model: ShardedModel):
 
 # --- the train step ------------------------------------------------------------------------
 def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm) -> tuple:
-    """Clip, AdamW on this device's slice of the parameters, gather the slices."""
+    """Clip, AdamW on this device's slice of the parameters, gather the slices -- unless the
+    loss or the gradient norm is not finite: then parameters and optimizer state stay as
+    they were (the step counter advances, and ``nonfinite`` in the metrics is 1)."""
     layout = model.layout if not model.gspmd else None
     params = state["params"] if layout is None else layout.local_slice(state["params"])
-    updates, opt_state = opt.tx.update(clip_by_norm(grads, norm, opt.max_norm),
-                                       state["opt_state"], params)
-    params = optax.apply_updates(params, updates)
+
+    def apply(params, opt_state):
+        updates, opt_state = opt.tx.update(clip_by_norm(grads, norm, opt.max_norm), opt_state,
+                                           params)
+        return optax.apply_updates(params, updates), opt_state
+
+    # a conditional, not a select: the update stays in place in the donated buffers
+    finite = jnp.isfinite(loss) & jnp.isfinite(norm)
+    params, opt_state = lax.cond(finite, apply, lambda *x: x, params, state["opt_state"])
     if layout is not None:
         params = layout.gather_slices(params)
-    metrics = {"loss": loss, "grad_norm": norm, "lr": opt.schedule(state["step"])}
+    metrics = {"loss": loss, "grad_norm": norm, "lr": opt.schedule(state["step"]),
+               "nonfinite": 1 - finite.astype(jnp.int32)}
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
 

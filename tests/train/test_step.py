@@ -83,3 +83,34 @@ def test_gspmd_baseline_accumulates_and_shards_too():
                                  params, inputs, inputs, gspmd=True)
     assert rel_err(loss, ref[0]) <= 1e-5
     assert tree_rel_err(grads, ref[1]) <= 1e-5
+
+
+def test_a_nonfinite_step_is_not_applied():
+    """A batch that makes the loss NaN (an id outside the vocabulary: NaN rows from the
+    embedding lookup) leaves parameters and optimizer moments as they were, ZeRO-1 slices
+    included; the next good batch trains."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import init_state, make_train_step
+
+    parallel = Parallel(data=2, tensor=1, tp_plan="none", zero=1)
+    model = ShardedModel(tiny("cola"), parallel, make_mesh(parallel, jax.devices()[:2]))
+    opt = make_optimizer(Train())
+    step = make_train_step(model, opt)
+    good = {k: jnp.ones((4, 16), jnp.int32) for k in ("inputs", "targets")}
+    bad = dict(good, inputs=good["inputs"].at[1, 3].set(model.cfg.vocab_size))
+    state, _ = step(init_state(model, opt, 0), good)
+    before = jax.device_get(state)
+    state, metrics = step(state, bad)
+    after = jax.device_get(state)
+    assert int(metrics["nonfinite"]) == 1 and not np.isfinite(float(metrics["loss"]))
+    assert int(after["step"]) == int(before["step"]) + 1
+    for a, b in zip(jax.tree.leaves(after["params"]) + jax.tree.leaves(after["opt_state"]),
+                    jax.tree.leaves(before["params"]) + jax.tree.leaves(before["opt_state"])):
+        np.testing.assert_array_equal(a, b)
+    state, metrics = step(state, good)
+    assert int(metrics["nonfinite"]) == 0 and np.isfinite(float(metrics["loss"]))

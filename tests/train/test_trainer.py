@@ -158,3 +158,46 @@ def test_metrics_file_contents(tiny_data, tmp_path):
     for r in train_rows:
         assert rel_err(r["tflops_per_device"] * r["step_time"] * 1e12, per_token * 8 * 32) < 1e-9
         assert rel_err(r["mfu"], r["tflops_per_device"]) < 1e-9  # peak 1 TFLOP/s
+
+
+def _poison_at(monkeypatch, step: int, vocab: int):
+    """Make the batch of ``step`` carry an id outside the vocabulary (a NaN loss)."""
+    from boost_jax.train import loop
+
+    calls, real = [], loop._global_batch
+    first = 1  # the one eval batch (Train.eval_batches=1) passes through first
+
+    def poisoned(local, model, global_batch):
+        calls.append(None)
+        if len(calls) == first + step:
+            local = dict(local, inputs=local["inputs"].copy())
+            local["inputs"][0, 0] = vocab
+        return real(local, model, global_batch)
+
+    monkeypatch.setattr(loop, "_global_batch", poisoned)
+
+
+def test_nonfinite_stop_keeps_the_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
+    model = tiny("cola")
+    _poison_at(monkeypatch, 5, model.vocab_size)
+    s = run(_config(tiny_data, 10, checkpoint_every=3), tmp_path, jax.devices()[:1])
+    assert s.diverged is not None and "step 5" in s.diverged and "nonfinite='stop'" in s.diverged
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                  if p.name.isdigit()) == [3]  # nothing written after the bad step
+    losses = _losses(tmp_path)
+    assert max(losses) == 4 and all(np.isfinite(v) for v in losses.values())
+    monkeypatch.undo()
+    resumed = run(_config(tiny_data, 6, checkpoint_every=3), tmp_path, jax.devices()[:1])
+    assert (resumed.start_step, resumed.step, resumed.diverged) == (3, 6, None)
+
+
+def test_nonfinite_skip_goes_on(tiny_data, tmp_path, monkeypatch):
+    model = tiny("cola")
+    _poison_at(monkeypatch, 4, model.vocab_size)
+    s = run(_config(tiny_data, 8, nonfinite="skip"), tmp_path, jax.devices()[:1])
+    assert s.diverged is None and s.step == 8 and np.isfinite(s.eval_loss)
+    rows = {r["step"]: r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text()
+                                      .splitlines()) if "loss" in r}
+    assert rows[4]["nonfinite"] == 1 and rows[4]["skipped_total"] == 1
+    assert all(rows[k]["nonfinite"] == 0 and np.isfinite(rows[k]["loss"]) for k in rows
+               if k != 4)
