@@ -135,13 +135,9 @@ class DocumentPieces:
         self.__init__(*state)
 
 
-def _rows(batch: dict, lo: int, hi: int) -> dict[str, np.ndarray]:
-    """Rows ``[lo, hi)`` of a packed batch, under the model's batch keys."""
-    return {k: np.asarray(batch[v][lo:hi], np.int32) for k, v in PACKED.items()}
-
-
 class _Rows:
-    """A packed batch (a group's, or a tuple of groups' side by side) -> rows ``[lo, hi)``."""
+    """A packed batch (a group's, or a tuple of groups' side by side) -> rows ``[lo, hi)``,
+    under the model's batch keys."""
 
     def __init__(self, lo: int, hi: int):
         self.lo, self.hi = lo, hi
@@ -149,7 +145,7 @@ class _Rows:
     def __call__(self, batch) -> dict[str, np.ndarray]:
         if isinstance(batch, tuple):
             batch = {v: np.concatenate([b[v] for b in batch]) for v in PACKED.values()}
-        return _rows(batch, self.lo, self.hi)
+        return {k: np.asarray(batch[v][self.lo:self.hi], np.int32) for k, v in PACKED.items()}
 
 
 def _group(pieces: DocumentPieces, bins: int, g: int, groups: int, seed: int | None

@@ -8,7 +8,8 @@ int32 ``[rows, seq_len]``.
 
 ``Data.packing='document'``: whole documents, shuffled, packed first-fit into rows with their
 ``segment_ids`` and ``positions`` (data/packing.py): attention stays within a document and the
-loss skips padding. Every process packs the same global batches.
+loss skips padding. The global batch is packed in groups of ``Data.packing_bins`` rows; a
+process packs only the groups that hold its rows.
 
 A process reads only its rows ``[start, stop)`` of every global batch (those of the data shards
 its devices hold, parallel/mesh.py), so the global batch is the same whatever the process

@@ -201,12 +201,11 @@ class ShardedModel:
             share = self.local_loss(params, batch, n_tokens)
             return jax.lax.psum(share, self.loss_axes) if self.loss_axes else share
 
+        specs = (self.param_specs, {k: BATCH_SPEC for k in batch})
         if isinstance(n_tokens, int):  # a constant of the program
-            fn = self.region(lambda p, b: local(p, b, n_tokens),
-                             (self.param_specs, {k: BATCH_SPEC for k in batch}), P())
-            return fn(params, batch)
-        in_specs = (self.param_specs, {k: BATCH_SPEC for k in batch}, P())
-        return self.region(local, in_specs, P())(params, batch, n_tokens)
+            return self.region(functools.partial(local, n_tokens=n_tokens), specs, P())(
+                params, batch)
+        return self.region(local, (*specs, P()), P())(params, batch, n_tokens)
 
     def logits(self, params: dict, tokens: jax.Array, segments: Segments | None = None
                ) -> jax.Array:

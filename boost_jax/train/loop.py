@@ -265,6 +265,7 @@ class _Run:
         the last eval loss)``; raises :class:`Diverged` by the non-finite policy."""
         t = self.t
         step, pending, eval_loss = start, None, None
+        self.step = start  # the last step dispatched (read if the policy stops the run)
 
         def due(every: int) -> bool:
             return step % every == 0 and step < t.steps
@@ -296,7 +297,6 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     r = _Run(config, Path(workdir).absolute(), devices, checkpoint_async)
     state, start = r.restore()
     r.compile(start)
-    r.step = start
     diverged = None
     with _Stop() as stop:
         try:
