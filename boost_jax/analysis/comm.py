@@ -38,7 +38,7 @@ Gradients and parameters over ``data`` (and ``pipe`` for what every stage holds)
 ``Parallel.zero`` (:func:`gradient_transfers`): one fp32 all-reduce per step after
 accumulation, or ZeRO-1's reduce-scatter + all-gather, or FSDP's per-layer gathers and
 reduce-scatters. Two scalars: the loss over ``data`` (and ``pipe``), the gradient norm over
-every axis (:func:`scalar_transfers`).
+every axis -- with the stop flags riding in the same all-reduce (:func:`scalar_transfers`).
 """
 
 from __future__ import annotations
@@ -191,16 +191,20 @@ def gradient_transfers(model: Model, parallel: Parallel) -> list[Transfer]:
     return out
 
 
+STOP_FLAGS = 2  # per-signal stop flags beside the squared norm (train/step.py STOP_SIGNALS)
+
+
 def scalar_transfers(parallel: Parallel, packed: bool = False) -> list[Transfer]:
     """The step's scalar all-reduces: the loss over ``data`` (and ``pipe``), the global
-    gradient norm over every axis, and for packed rows the count of non-padding tokens over
-    ``data`` (sizes > 1)."""
+    gradient norm over every axis (its all-reduce also sums the :data:`STOP_FLAGS` stop
+    flags), and for packed rows the count of non-padding tokens over ``data`` (sizes > 1)."""
     sizes = dict(zip(MESH_AXES, parallel.shape))
     out = []
-    for axes in ((DATA,),) * packed + ((DATA, PIPE), MESH_AXES):
+    for axes, width in ([((DATA,), 1)] * packed + [((DATA, PIPE), 1),
+                                                    (MESH_AXES, 1 + STOP_FLAGS)]):
         kept = tuple(a for a in axes if sizes[a] > 1)
         if kept:
-            out.append(Transfer("all-reduce", ",".join(kept), 1,
+            out.append(Transfer("all-reduce", ",".join(kept), width,
                                 math.prod(sizes[a] for a in kept)))
     return out
 

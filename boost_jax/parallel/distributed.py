@@ -12,9 +12,11 @@ Where the settings come from, first match wins:
    owns a whole node; ``--local_device_ids`` overrides.
 
 A single process (none of the above) needs no initialisation. Errors are one line before any
-compilation: a process count the mesh cannot use, or a coordinator that does not answer within
-``--distributed_timeout`` seconds (checked with a plain TCP connection first, because JAX
-aborts the process rather than raising when registration times out). Once running, a process
+compilation: a process count the mesh cannot use, a coordinator that does not answer within
+``--distributed_timeout`` seconds, or (on process 0) peers that do not all join within it.
+Both are checked by a plain TCP rendezvous on the coordinator's port before JAX starts,
+because JAX aborts the process with a native stack rather than raising when registration
+times out. Once running, a process
 whose peer died is terminated by JAX after ``--heartbeat_timeout`` seconds, so no process waits
 forever.
 """
@@ -26,6 +28,8 @@ import os
 import re
 import socket
 import time
+
+import numpy as np
 
 from boost_jax.config import ConfigError
 
@@ -81,19 +85,82 @@ def detect(coordinator: str | None = None, num_processes: int | None = None,
     return Cluster(coordinator, num_processes, process_id, ids)
 
 
-def wait_for_coordinator(address: str, timeout: float) -> None:
-    """Return once ``address`` accepts TCP connections; ConfigError after ``timeout`` s."""
+HELLO = b"boost_jax rendezvous"  # a peer's greeting: HELLO <process_id> <num_processes>
+
+
+def _connect(address: str, deadline: float, timeout: float) -> socket.socket:
     host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=min(2.0, timeout)):
-                return
+            return socket.create_connection((host, int(port)), timeout=2.0)
         except OSError as err:
             if time.monotonic() >= deadline:
                 raise ConfigError(f"could not reach the coordinator at {address} within "
                                   f"{timeout:g} s ({err.strerror or err})") from None
             time.sleep(0.5)
+
+
+def join_rendezvous(cluster: Cluster, timeout: float) -> None:
+    """A peer: greet process 0 and wait until it has heard from every process (ConfigError
+    when process 0 is unreachable or gives up)."""
+    conn = _connect(cluster.coordinator, time.monotonic() + timeout, timeout)
+    with conn:
+        conn.sendall(b"%s %d %d\n" % (HELLO, cluster.process_id, cluster.num_processes))
+        conn.settimeout(2 * timeout + 5)  # process 0 waits up to ``timeout`` for the rest
+        try:
+            reply = conn.makefile("rb").readline()
+        except OSError:
+            reply = b""
+    if reply.strip() != b"go":
+        raise ConfigError(f"process 0 at {cluster.coordinator} gave up before all "
+                          f"{cluster.num_processes} processes joined")
+
+
+def host_rendezvous(cluster: Cluster, timeout: float) -> None:
+    """Process 0: wait on the coordinator's port until every peer has greeted, then release
+    them (before JAX's coordination service takes the port). ConfigError after ``timeout`` s
+    naming how many joined -- JAX itself would abort the process with a native stack."""
+    port = int(cluster.coordinator.rsplit(":", 1)[1])
+    dual = socket.has_dualstack_ipv6()
+    server = socket.create_server(("", port), family=socket.AF_INET6 if dual else
+                                  socket.AF_INET, dualstack_ipv6=dual)
+    peers: dict[int, socket.socket] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(peers) < cluster.num_processes - 1:
+            server.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                missing = sorted(set(range(1, cluster.num_processes)) - set(peers))
+                raise ConfigError(
+                    f"{len(peers) + 1} of {cluster.num_processes} processes joined within "
+                    f"{timeout:g} s (missing: process {', '.join(map(str, missing))}); check "
+                    "that every process was started with the same --coordinator_address"
+                ) from None
+            conn.settimeout(5.0)
+            try:
+                words = conn.makefile("rb").readline().split()
+                rank, count = int(words[-2]), int(words[-1])
+            except (OSError, ValueError, IndexError):
+                conn.close()  # not one of ours
+                continue
+            if count != cluster.num_processes:
+                conn.close()
+                raise ConfigError(f"process {rank} expects {count} processes, process 0 "
+                                  f"{cluster.num_processes}")
+            peers[rank] = conn
+        for conn in peers.values():
+            conn.sendall(b"go\n")
+        for conn in peers.values():  # let the peers close first: the port stays free
+            try:
+                conn.recv(1)
+            except OSError:
+                pass
+    finally:
+        for conn in peers.values():
+            conn.close()
+        server.close()
 
 
 def initialize(cluster: Cluster, devices_needed: int, timeout: float,
@@ -113,10 +180,51 @@ def initialize(cluster: Cluster, devices_needed: int, timeout: float,
     local = devices_needed // cluster.num_processes
     request_host_devices(local)  # only the CPU backend reads it
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if cluster.process_id != 0:  # process 0 hosts the coordinator itself
-        wait_for_coordinator(cluster.coordinator, timeout)
+    if cluster.process_id == 0:  # process 0 hosts the coordinator itself
+        host_rendezvous(cluster, timeout)
+    else:
+        join_rendezvous(cluster, timeout)
     jax.distributed.initialize(
         coordinator_address=cluster.coordinator, num_processes=cluster.num_processes,
         process_id=cluster.process_id, local_device_ids=cluster.local_device_ids,
         initialization_timeout=int(timeout), heartbeat_timeout_seconds=heartbeat_timeout)
     return local
+
+
+# --- decisions every process takes together -----------------------------------------------
+def all_true(ok: bool) -> bool:
+    """True on every process iff ``ok`` is true on every process (one all-gather; free in a
+    single-process run). Every process must call it at the same point."""
+    import jax
+
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def lead_values(values: list[int]) -> list[int]:
+    """Process 0's ``values`` on every process (each may pass its own list)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return list(values)
+    from jax.experimental import multihost_utils
+
+    n = int(multihost_utils.broadcast_one_to_all(np.int64(len(values))))
+    padded = np.full(max(n, 1), -1, np.int64)
+    padded[:min(n, len(values))] = values[:n]
+    if jax.process_index() != 0:
+        padded[:] = -1
+    return [int(v) for v in multihost_utils.broadcast_one_to_all(padded)[:n]]
+
+
+def barrier(name: str) -> None:
+    """Wait until every process has reached ``name``."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

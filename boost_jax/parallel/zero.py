@@ -228,9 +228,13 @@ class DataLayout:
             return lax.all_gather(p, DATA, axis=lf.dim, tiled=True, to="invarying")
         return self._map(gather, params)
 
-    def global_norm(self, grads: dict) -> jax.Array:
+    def global_norm(self, grads: dict, riders: jax.Array | None = None):
         """The global L2 norm of gradients laid out by :attr:`moment_specs` (one scalar
-        all-reduce over the region's axes): each element counted once, replicas masked out."""
+        all-reduce over the region's axes): each element counted once, replicas masked out.
+
+        ``riders``: a small fp32 vector per device (varying over the region's axes, e.g. the
+        stop flags) summed over every device in the same all-reduce; then returns
+        ``(norm, summed riders)``."""
         axes = region_axes(self.mesh_shape)
 
         def local(lf, g):
@@ -243,4 +247,8 @@ class DataLayout:
             return s
         parts = jax.tree.leaves(self._map(local, grads))
         total = _varying(sum(parts[1:], parts[0]), axes)
-        return jnp.sqrt(lax.psum(total, axes) if axes else total)
+        if riders is None:
+            return jnp.sqrt(lax.psum(total, axes) if axes else total)
+        both = jnp.concatenate([total[None], riders.reshape(-1).astype(jnp.float32)])
+        both = lax.psum(both, axes) if axes else both
+        return jnp.sqrt(both[0]), both[1:]

@@ -1,17 +1,26 @@
-"""Orbax checkpoints: the sharded train state and JSON metadata (config and data position).
+"""Orbax checkpoints: the sharded train state and JSON metadata (config, data position and the
+state's fingerprints).
 
 Layout: ``<workdir>/checkpoints/<step>/{state, meta}``. Orbax writes each step under a
 temporary name and renames it when complete, so an interrupted save never looks like a
-checkpoint. The data iterator's state (how far the stream has been read) is saved in ``meta``:
-it is the same on every process, so a checkpoint resumes with any process count. On restore
-the newest step is tried first; a checkpoint that fails to restore is reported, moved aside to
-``corrupt-<step>-<time>`` (nothing is deleted) and the next older one is used. Restoring onto a
-target with other shardings (another mesh) reshards on load. Every process takes part in saving
-and restoring.
+checkpoint; temporaries left by a killed run are removed at start. The data iterator's state
+(how far the stream has been read) is saved in ``meta``: it is the same on every process, so a
+checkpoint resumes with any process count. Restoring onto a target with other shardings
+(another mesh) reshards on load.
+
+Restore tries the newest step first and verifies it: the metadata parses, the arrays read, and
+their fingerprints (:mod:`boost_jax.train.integrity`) equal the saved ones with every value
+finite. Every process takes each of these decisions together (an all-gather of "did it work
+here"), so damage that one host sees is damage everywhere: the checkpoint is reported in one
+line, moved aside to ``corrupt-<step>-<time>`` (nothing is deleted) and the same older step is
+tried on every process. A save that fails (a full disk, any ``OSError``) raises
+:class:`CheckpointWriteError` with one line; older checkpoints stay as they were.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +29,37 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from boost_jax.parallel import distributed
+from boost_jax.train.integrity import fingerprint, verify
+
 ITEMS = ("state", "meta")
+TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's suffix for a step still being written
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (the message is one line)."""
+
+
+@dataclasses.dataclass
+class Restored:
+    state: dict
+    meta: dict
+    step: int
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:limit]}"
+
+
+def _os_error(err: BaseException) -> OSError | None:
+    """The OSError behind ``err`` (itself, or along its causes), if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class Checkpointer:
@@ -29,6 +68,10 @@ class Checkpointer:
     def __init__(self, directory: str | Path, keep: int, asynchronous: bool = True):
         self.directory = Path(directory).absolute()
         self.keep, self.asynchronous = keep, asynchronous
+        self.quarantined: list[Path] = []  # moved aside by this process's restore
+        self._bytes = 0
+        if jax.process_index() == 0:
+            self._remove_temporaries()
         self._open()
 
     def _open(self) -> None:
@@ -36,64 +79,122 @@ class Checkpointer:
                                                enable_async_checkpointing=self.asynchronous)
         self.mngr = ocp.CheckpointManager(self.directory, item_names=ITEMS, options=options)
 
-    def steps(self) -> list[int]:
-        return sorted(self.mngr.all_steps())
+    def _remove_temporaries(self) -> None:
+        """Saves that never completed (a run killed while writing) were never checkpoints."""
+        stale = sorted(self.directory.glob(f"*{TMP_MARK}*")) if self.directory.exists() else []
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        if stale:
+            logging.info("removed %d unfinished checkpoint save(s) of an earlier run: %s",
+                         len(stale), ", ".join(p.name for p in stale))
 
+    def steps(self) -> list[int]:
+        """The committed steps, oldest first (process 0's listing, on every process)."""
+        return distributed.lead_values(sorted(self.mngr.all_steps()))
+
+    # --- saving ---------------------------------------------------------------------------
     def save(self, step: int, state: dict, meta: dict, wait: bool = False) -> None:
-        """Save at ``step``; ``wait`` blocks until the checkpoint is on disk."""
+        """Save at ``step`` (with ``state``'s fingerprints in ``meta``); ``wait`` blocks until
+        the checkpoint is on disk. Raises :class:`CheckpointWriteError`."""
         if step in self.mngr.all_steps():
             return
+        sums, _ = fingerprint(state)
+        self._bytes = sum(x.nbytes for x in jax.tree.leaves(state))
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                  meta=ocp.args.JsonSave(meta))
-        self.mngr.save(step, args=args, force=True)
-        if wait:
-            self.mngr.wait_until_finished()
+                                  meta=ocp.args.JsonSave({**meta, "checksums": sums}))
+        try:
+            self.mngr.save(step, args=args, force=True)
+            if wait:
+                self.mngr.wait_until_finished()
+        except Exception as err:  # a failed background write surfaces here too
+            raise self._write_error(err) from err
 
+    def _write_error(self, err: Exception) -> Exception:
+        os_err = _os_error(err)
+        if os_err is None:
+            return err
+        where = os_err.filename or self.directory
+        free = shutil.disk_usage(self.directory).free if self.directory.exists() else None
+        need = f"; a checkpoint takes about {self._bytes / 2**20:,.0f} MiB" if self._bytes else ""
+        have = f", {free / 2**20:,.0f} MiB are free there" if free is not None else ""
+        return CheckpointWriteError(
+            f"could not write a checkpoint to {where}: {os_err.strerror or os_err}{need}{have}; "
+            f"the older checkpoints in {self.directory} are intact")
+
+    def wait(self) -> None:
+        try:
+            self.mngr.wait_until_finished()
+        except Exception as err:
+            raise self._write_error(err) from err
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.mngr.close()
+
+    # --- restoring ------------------------------------------------------------------------
     def restore_latest(self, target: dict,
                        check_meta: Callable[[dict], None] = lambda meta: None
-                       ) -> tuple[dict, dict] | None:
+                       ) -> Restored | None:
         """Restore the newest intact checkpoint into ``target`` (shapes and shardings).
 
         ``check_meta`` sees each candidate's metadata before any array is read and raises to
         refuse it (e.g. a checkpoint of another model): that error propagates, it does not
-        mark the checkpoint as damaged. Returns ``(state, meta)``, or None when there is no
-        usable checkpoint.
+        mark the checkpoint as damaged. Returns None when no checkpoint is usable; the ones
+        moved aside are in :attr:`quarantined`.
         """
         for step in reversed(self.steps()):
-            try:
-                meta = self.mngr.restore(step, args=ocp.args.Composite(
-                    meta=ocp.args.JsonRestore())).meta
-            except Exception as err:  # orbax raises many types on damaged files
-                self._quarantine(step, err)
-                continue
-            check_meta(meta)
-            args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
-            try:
-                restored = self.mngr.restore(step, args=args)
-            except Exception as err:  # tensorstore/orbax errors of a damaged checkpoint
-                self._quarantine(step, err)
-                continue
-            return restored.state, meta
+            path = self.directory / str(step)
+            meta, why = self._read(lambda: self._handler_restore(
+                ocp.JsonCheckpointHandler(), path / "meta", ocp.args.JsonRestore()))
+            if why is None:
+                check_meta(meta)
+                state, why = self._read(lambda: self._handler_restore(
+                    ocp.StandardCheckpointHandler(), path / "state",
+                    ocp.args.StandardRestore(target)))
+            if why is None:
+                why = verify(state, meta.get("checksums"))  # one global reduction
+                if why is None and "checksums" not in meta:
+                    logging.warning("checkpoint %d has no checksums (written by an older "
+                                    "version): restored without verification", step)
+            if why is None:
+                return Restored(state, meta, step)
+            self._quarantine(step, why)
         return None
 
-    def _quarantine(self, step: int, err: Exception) -> None:
-        msg = " ".join(str(err).split())[:300]
-        logging.warning("checkpoint %d in %s is unusable (%s: %s); moving it aside and trying "
-                        "an older one", step, self.directory, type(err).__name__, msg)
+    @staticmethod
+    def _handler_restore(handler, path: Path, args):
+        """Read one item with its own handler: no barrier inside, so a process whose read
+        fails reaches the next agreement like the others, and the handler finishes its
+        pending reads before it is dropped."""
+        try:
+            return handler.restore(path, args=args)
+        finally:
+            handler.close()
+
+    @staticmethod
+    def _read(read: Callable[[], object]) -> tuple[object, str | None]:
+        """``(value, None)`` when ``read`` worked on every process, else ``(None, why)``."""
+        value, why = None, None
+        try:
+            value = read()
+        except Exception as err:  # orbax/tensorstore raise many types on damaged files
+            why = _one_line(err)
+        if not distributed.all_true(why is None):
+            return None, why or "unreadable on another process"
+        return value, None
+
+    def _quarantine(self, step: int, why: str) -> None:
+        """Move ``step`` aside on process 0 once every process has given it up."""
+        stamp = distributed.lead_values([int(time.time())])[0]  # one name on every process
+        dest = self.directory / f"corrupt-{step}-{stamp}"
+        logging.warning("checkpoint %d is damaged (%s): moved aside to %s; trying an older "
+                        "one", step, why, dest.name)
         if jax.process_index() == 0:
             src = self.directory / str(step)
             if src.exists():
-                src.rename(self.directory / f"corrupt-{step}-{int(time.time())}")
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
-        self.mngr.close()
-        self._open()
-
-    def wait(self) -> None:
-        self.mngr.wait_until_finished()
-
-    def close(self) -> None:
-        self.mngr.wait_until_finished()
-        self.mngr.close()
+                src.rename(dest)
+        distributed.barrier(f"quarantine checkpoint {step}")
+        self.quarantined.append(dest)
+        self.mngr.reload()

@@ -4,10 +4,15 @@ Flow (:class:`_Run`, one method a step): mesh -> dataset -> sharded model + opti
 restore the newest intact checkpoint (or initialise from the seed) -> compile the step ahead
 of time -> train -> final checkpoint and eval. Metrics of step ``n`` are read back after step
 ``n + 1`` has been dispatched, so the host never stalls the device; step time excludes eval
-and checkpoint time. SIGTERM/SIGINT stop the loop after the current step and write a
-checkpoint first. A step whose loss or gradient norm is not finite is never applied (inside
+and checkpoint time. A step whose loss or gradient norm is not finite is never applied (inside
 the jitted step); ``Train.nonfinite`` then stops the run without a final checkpoint or skips
 the step (at most ``Train.max_skips`` in a row).
+
+Stopping is agreed: SIGTERM/SIGINT only set a flag, which the next dispatched step carries in
+its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process reads the
+summed flags in the metrics of the same step ``n``, leaves the loop after step ``n + 1`` (at
+most two steps after the signal), saves the same checkpoint and exits with the signal's code,
+however many of them received it and when.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from boost_jax.config import Config, ConfigError, Train
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
-from boost_jax.train.checkpoint import Checkpointer
+from boost_jax.train.checkpoint import Checkpointer, CheckpointWriteError
 from boost_jax.train.metrics import MetricsWriter, progress_line
 from boost_jax.train.optim import make_optimizer
 from boost_jax.train.step import (
@@ -41,8 +46,11 @@ from boost_jax.train.step import (
     from_checkpoint_layout,
     init_state,
     make_eval_step,
+    stop_flags,
     to_checkpoint_layout,
 )
+
+__all__ = ["CheckpointWriteError", "Diverged", "Summary", "run"]
 
 
 @dataclasses.dataclass
@@ -53,7 +61,7 @@ class Summary:
     step: int
     final_loss: float | None
     eval_loss: float | None
-    interrupted_by: int | None  # signal number, if a signal stopped the run
+    interrupted_by: int | None  # the agreed signal number, if a signal stopped the run
     checkpoint_dir: str
     metrics_file: str
     diverged: str | None = None  # why the non-finite policy stopped the run
@@ -64,7 +72,7 @@ class Summary:
 
 
 class _Stop:
-    """Records SIGTERM/SIGINT so the loop can checkpoint and leave cleanly."""
+    """Records SIGTERM/SIGINT (this process's flag, which the train step shares)."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -148,8 +156,10 @@ class _Reporter:
         finally:
             self.excluded += time.perf_counter() - start
 
-    def __call__(self, step: int, metrics: dict) -> None:
+    def __call__(self, step: int, metrics: dict) -> int:
+        """Log step ``step``'s metrics; returns the agreed stop signal (0: go on)."""
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        signum = int(values.pop("stop_signal"))
         now = time.perf_counter()
         dt = now - self.last_done - self.excluded
         self.last_done, self.excluded = now, 0.0
@@ -161,6 +171,7 @@ class _Reporter:
         self.writer.write(step, values)
         if step % self.train.log_every == 0 or step == self.train.steps:
             logging.info(progress_line(step, self.train.steps, values))
+        return signum
 
     def _check_finite(self, step: int, values: dict) -> None:
         """Count a skipped step; raise :class:`Diverged` when the policy says stop."""
@@ -210,17 +221,24 @@ class _Run:
     def global_batch(self, local: dict) -> dict:
         return _global_batch(local, self.model, self.t.batch_size)
 
-    def restore(self) -> tuple[dict, int]:
-        """The newest intact checkpoint's state (and data position), else a fresh one."""
+    def restore(self, fresh_start: bool = False) -> tuple[dict, int]:
+        """The newest intact checkpoint's state (and data position), else a fresh one --
+        which a workdir whose checkpoints all turned out damaged gets only with
+        ``fresh_start`` (else :class:`ConfigError`)."""
         model, opt = self.model, self.opt
         restored = self.ckpt.restore_latest(abstract_state(model, opt, canonical=True),
                                             check_meta=lambda m: _check_resume(m, self.config))
         if restored is not None:
-            state, meta = from_checkpoint_layout(model, opt, restored[0]), restored[1]
-            self.train_it.set_state(meta["data_state"])
-            start = int(jax.device_get(state["step"]))
-            logging.info("resumed from %s at step %d", self.ckpt.directory / str(start), start)
-            return state, start
+            state = from_checkpoint_layout(model, opt, restored.state)
+            self.train_it.set_state(restored.meta["data_state"])
+            logging.info("resumed from %s at step %d", self.ckpt.directory / str(restored.step),
+                         restored.step)
+            return state, restored.step
+        if self.ckpt.quarantined and not fresh_start:
+            names = ", ".join(p.name for p in self.ckpt.quarantined)
+            raise ConfigError(f"no usable checkpoint in {self.ckpt.directory}: every one was "
+                              f"damaged and moved aside ({names}); rerun with --fresh_start to "
+                              "train from step 0 in this workdir")
         m = self.config.model
         n_params = sum(math.prod(d.shape) for d in model.defs.values())
         logging.info("initialised %s/%s (%s parameters) from seed %d", m.arch, m.size,
@@ -260,29 +278,41 @@ class _Run:
                            {**self.meta, "data_state": self.train_it.get_state()}, wait=wait)
 
     def train(self, state: dict, start: int, stop: _Stop) -> tuple[dict, int, float | None]:
-        """Steps until ``Train.steps`` or a signal. Metrics of step ``n`` are read after step
-        ``n + 1`` is dispatched, so the host never stalls the device. Returns ``(state, step,
-        the last eval loss)``; raises :class:`Diverged` by the non-finite policy."""
+        """Steps until ``Train.steps`` or an agreed stop (:attr:`signal`). Metrics of step
+        ``n`` are read after step ``n + 1`` is dispatched, so the host never stalls the
+        device. Returns ``(state, step, the last eval loss)``; raises :class:`Diverged` by the
+        non-finite policy."""
         t = self.t
         step, pending, eval_loss = start, None, None
         self.step = start  # the last step dispatched (read if the policy stops the run)
+        self.signal = 0  # the agreed stop signal, the same on every process
+        flags = {}  # the stop input per local signal, built once
 
         def due(every: int) -> bool:
             return step % every == 0 and step < t.steps
 
-        while step < t.steps and stop.signum is None:
-            state, metrics = self.step_fn(state, self.global_batch(next(self.train_it)))
+        def read(pending) -> None:
+            signum = self.report(*pending)
+            self.signal = self.signal or signum
+
+        while step < t.steps and not self.signal:
+            if stop.signum not in flags:
+                flags[stop.signum] = stop_flags(self.model, stop.signum)
+            batch = self.global_batch(next(self.train_it))
+            state, metrics = self.step_fn(state, batch, flags[stop.signum])
             step = self.step = step + 1
             if pending is not None:
-                self.report(*pending)
+                read(pending)
             pending = (step, metrics)
+            if self.signal:
+                break
             if due(t.checkpoint_every):
                 self.checkpoint(step, state)
             if due(t.eval_every):
-                self.report(*pending)
+                read(pending)
                 pending, eval_loss = None, self.evaluate(step, state["params"])
         if pending is not None:
-            self.report(*pending)
+            read(pending)
         return state, step, eval_loss
 
     def close(self) -> None:
@@ -291,11 +321,15 @@ class _Run:
 
 
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
-        checkpoint_async: bool = True) -> Summary:
-    """Train (or resume training) ``config`` in ``workdir``; see the module docstring."""
+        checkpoint_async: bool = True, fresh_start: bool = False) -> Summary:
+    """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
+
+    ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
+    (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
+    fails."""
     t_start = time.perf_counter()
     r = _Run(config, Path(workdir).absolute(), devices, checkpoint_async)
-    state, start = r.restore()
+    state, start = r.restore(fresh_start)
     r.compile(start)
     diverged = None
     with _Stop() as stop:
@@ -303,7 +337,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
             state, step, eval_loss = r.train(state, start, stop)
         except Diverged as err:  # nothing is saved over the last good checkpoint
             diverged, step, eval_loss = str(err), r.step, None
-        interrupted = stop.signum
+    interrupted = r.signal or None
     if diverged is None:
         r.checkpoint(step, state, wait=True)
         if interrupted is not None:

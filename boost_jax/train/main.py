@@ -3,7 +3,10 @@
     python -m boost_jax.train [--gin_file=F ...] [--gin_param='Model.arch="svd"' ...] [--workdir=W]
 
 With no flags it trains the default small CoLA model on the bundled corpus. A run in a workdir
-that already holds checkpoints resumes from the newest intact one. Gin files are looked up as
+that already holds checkpoints resumes from the newest intact one; if all are damaged it stops
+with an error unless ``--fresh_start`` is given. Exit codes: 0 done, 1 diverged or a
+checkpoint could not be written, 2 bad input, 128 + N stopped by signal N (agreed across
+processes, after a checkpoint). Gin files are looked up as
 given, then in the repository's ``configs/`` directory.
 """
 
@@ -18,12 +21,21 @@ from boost_jax.cli import define_gin_flags, run_command
 FLAGS = flags.FLAGS
 define_gin_flags()
 flags.DEFINE_string("workdir", "runs/default", "checkpoints, metrics and logs go here")
+flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint of --workdir "
+                  "is damaged (they are moved aside, never deleted); without it that is an "
+                  "error")
+
+EXIT_WRITE_FAILED = 1  # a checkpoint could not be written (disk full, ...)
 
 
 def _train(config) -> int:
-    from boost_jax.train.loop import run
+    from boost_jax.train.loop import CheckpointWriteError, run
 
-    summary = run(config, FLAGS.workdir)
+    try:
+        summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start)
+    except CheckpointWriteError as err:
+        print(f"boost_jax.train: error: {err}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     if summary.diverged is not None:
         print(f"boost_jax.train: error: {summary.diverged}", file=sys.stderr)
         return 1

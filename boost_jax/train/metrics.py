@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from absl import logging
@@ -13,8 +14,11 @@ from absl import logging
 class MetricsWriter:
     """Appends to ``<workdir>/metrics.jsonl`` and ``<workdir>/tensorboard``.
 
-    On resume from ``start_step`` the file is first cut back to the entries with
-    ``step <= start_step``, so steps replayed after an interruption are not logged twice.
+    The history is append-only. On resume from ``start_step``, the entries after it (the lost
+    tail of an interrupted run, which the resumed run logs again) and any unparsable line (a
+    write cut off by a kill) are first moved to ``metrics.rewound-<start_step>.jsonl``; the
+    live file is then replaced atomically by the entries it keeps, so it holds each step once
+    and nothing is deleted. TensorBoard is told to purge the events after ``start_step``.
     """
 
     def __init__(self, workdir: str | Path, start_step: int, enabled: bool = True):
@@ -24,22 +28,49 @@ class MetricsWriter:
         if not enabled:
             return
         if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= start_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            self._rewind(start_step)
         self.file = self.path.open("a")
         try:
             from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+            self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"),
+                                    purge_step=start_step + 1 if start_step else None)
         except ImportError:  # pragma: no cover - tensorboardX is a dependency
             logging.warning("tensorboardX is not installed: no TensorBoard event files")
+
+    def _rewind(self, start_step: int) -> None:
+        kept, moved, torn = [], [], 0
+        text = self.path.read_text(errors="replace")
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                torn += 1
+                moved.append(line)
+                continue
+            (kept if step <= start_step else moved).append(line)
+        if torn:
+            logging.warning("%s: %d unreadable line(s) (a write cut off by a kill) skipped",
+                            self.path, torn)
+        if not moved and text.endswith("\n") or not text:
+            return
+        side = self.path.with_name(f"metrics.rewound-{start_step}.jsonl")
+        if moved:
+            _append(side, moved)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        _append(tmp, kept, mode="w")
+        tmp.replace(self.path)
+        if moved:
+            logging.info("resuming at step %d: %d later metrics line(s) of the interrupted "
+                         "run moved to %s", start_step, len(moved), side.name)
 
     def write(self, step: int, values: dict, prefix: str = "train") -> None:
         if not self.enabled:
             return
         self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()
+        self.file.flush()  # a whole line per write: a kill leaves at most one torn line
         if self.tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
@@ -50,6 +81,14 @@ class MetricsWriter:
             self.file.close()
             if self.tb is not None:
                 self.tb.close()
+
+
+def _append(path: Path, lines: list[str], mode: str = "a") -> None:
+    """Write ``lines`` and flush them to the disk."""
+    with path.open(mode) as f:
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def progress_line(step: int, total: int, m: dict) -> str:

@@ -17,8 +17,10 @@ steps as one global program under ``jit``.
 from __future__ import annotations
 
 import functools
+import signal
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import optax
 from jax import lax
@@ -26,7 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.models.batch import batch_keys, token_count
-from boost_jax.parallel.plans.base import DATA
+from boost_jax.parallel.plans.base import DATA, MESH_AXES
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
 from boost_jax.train.optim import Optimizer, clip_by_norm
 
@@ -174,11 +176,38 @@ def make_grad_fn(model: ShardedModel):
                    out_shardings=_named(model, out))
 
 
+# --- the agreed stop ------------------------------------------------------------------------
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the signals that stop a run, by precedence
+STOP_SPEC = P(MESH_AXES, None)  # one row per device
+
+
+def stop_flags(model: ShardedModel, signum: int | None = None) -> jax.Array:
+    """The train step's stop input: fp32 ``[devices, len(STOP_SIGNALS)]``, one row per device
+    (split over every mesh axis), one-hot of the signal this process received (zeros for
+    none). The step sums the rows in the gradient norm's all-reduce, so every process reads
+    the same ``stop_signal`` in the step's metrics and stops at the same step."""
+    row = np.zeros(len(STOP_SIGNALS), np.float32)
+    if signum is not None:
+        row[STOP_SIGNALS.index(signum)] = 1.0
+    shape = (model.mesh.size, len(STOP_SIGNALS))
+    return jax.make_array_from_callback(shape, NamedSharding(model.mesh, STOP_SPEC),
+                                        lambda index: np.tile(row, (1, 1)))
+
+
+def _agreed_signal(counts: jax.Array) -> jax.Array:
+    """The first of :data:`STOP_SIGNALS` some device was flagged with, else 0 (int32)."""
+    raised = counts > 0
+    signals = jnp.asarray(STOP_SIGNALS, jnp.int32)
+    return jnp.where(jnp.any(raised), signals[jnp.argmax(raised)], 0)
+
+
 # --- the train step ------------------------------------------------------------------------
-def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm) -> tuple:
+def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm,
+            stop_counts) -> tuple:
     """Clip, AdamW on this device's slice of the parameters, gather the slices -- unless the
     loss or the gradient norm is not finite: then parameters and optimizer state stay as
-    they were (the step counter advances, and ``nonfinite`` in the metrics is 1)."""
+    they were (the step counter advances, and ``nonfinite`` in the metrics is 1).
+    ``stop_counts``: the devices flagged with each of :data:`STOP_SIGNALS`, summed."""
     layout = model.layout if not model.gspmd else None
     params = state["params"] if layout is None else layout.local_slice(state["params"])
 
@@ -193,31 +222,36 @@ def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm)
     if layout is not None:
         params = layout.gather_slices(params)
     metrics = {"loss": loss, "grad_norm": norm, "lr": opt.schedule(state["step"]),
-               "nonfinite": 1 - finite.astype(jnp.int32)}
+               "nonfinite": 1 - finite.astype(jnp.int32),
+               "stop_signal": _agreed_signal(stop_counts)}
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
 
 def make_train_step(model: ShardedModel, opt: Optimizer):
-    """``step(state, batch) -> (state, metrics)``, jitted with the state donated.
+    """``step(state, batch, stop) -> (state, metrics)``, jitted with the state donated.
 
     ``batch`` holds global int32 ``[batch, seq]`` arrays sharded on ``data``
-    (models/batch.py: ``inputs``/``targets``, and the packing keys for packed rows); metrics
-    are replicated scalars: loss, grad_norm (before clipping) and lr.
+    (models/batch.py: ``inputs``/``targets``, and the packing keys for packed rows); ``stop``
+    is :func:`stop_flags`. Metrics are replicated scalars: loss, grad_norm (before clipping),
+    lr, nonfinite and stop_signal (the agreed signal number, 0 for none).
     """
     specs = state_specs(model, opt)
     if model.gspmd:
-        def step(state, batch):
+        def step(state, batch, stop):
             loss, grads = global_grads(model, state["params"], batch)
-            return _update(model, opt, state, loss, grads, optax.global_norm(grads))
+            return _update(model, opt, state, loss, grads, optax.global_norm(grads),
+                           jnp.sum(stop, axis=0))
     else:
-        def local_step(state, batch):
+        def local_step(state, batch, stop):
             loss, grads = local_grads(model, state["params"], batch)
-            return _update(model, opt, state, loss, grads, model.layout.global_norm(grads))
+            norm, counts = model.layout.global_norm(grads, riders=stop)
+            return _update(model, opt, state, loss, grads, norm, counts)
 
-        def step(state, batch):
-            return model.region(local_step, (specs, _batch_specs(batch)), (specs, P()))(
-                state, batch)
-    return jax.jit(step, in_shardings=(_named(model, specs), model.batch_sharding),
+        def step(state, batch, stop):
+            return model.region(local_step, (specs, _batch_specs(batch), STOP_SPEC),
+                                (specs, P()))(state, batch, stop)
+    return jax.jit(step, in_shardings=(_named(model, specs), model.batch_sharding,
+                                       NamedSharding(model.mesh, STOP_SPEC)),
                    out_shardings=(_named(model, specs), _named(model, P())),
                    donate_argnums=0)
 
@@ -233,8 +267,11 @@ def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int, packed: b
 def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq_len: int,
                        packed: bool = False):
     """The train step compiled ahead of time for abstract inputs (no data, no parameters)."""
+    stop = jax.ShapeDtypeStruct((model.mesh.size, len(STOP_SIGNALS)), jnp.float32,
+                                sharding=NamedSharding(model.mesh, STOP_SPEC))
     return make_train_step(model, opt).lower(
-        abstract_state(model, opt), abstract_batch(model, batch_size, seq_len, packed)).compile()
+        abstract_state(model, opt), abstract_batch(model, batch_size, seq_len, packed),
+        stop).compile()
 
 
 def make_eval_step(model: ShardedModel):

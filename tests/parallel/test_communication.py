@@ -87,13 +87,15 @@ def test_report_check_in_bfloat16():
 
 def test_data_axis_is_one_fp32_gradient_reduction_per_step():
     """Outside the model: the gradients' fp32 all-reduce over data once per step (XLA's CPU
-    combiner makes it one tuple), the loss, and the global norm's scalar over every axis."""
+    combiner makes it one tuple), the loss, and the global norm's scalar over every axis with
+    the two stop flags riding in it (``[3]``): no collective of its own for the agreed
+    stop."""
     rep = _report("cola", "btp", rmsnorm="online")
     data = [r for r in rep["collectives"] if "data" in r["axes"].split(",")]
     assert {(r["op"], r["runs"], r["where"], r["dtype"]) for r in data} == {
         ("all-reduce", 1, "optimizer", "f32")}
-    scalars = [r for r in data if r["shape"] == []]
-    assert sorted(r["axes"] for r in scalars) == ["data", "data,tensor"]  # loss, grad norm
+    scalars = sorted((r["axes"], r["shape"]) for r in data if r["shape"] in ([], [3]))
+    assert scalars == [("data", []), ("data,tensor", [3])]  # loss; grad norm + stop flags
     assert rep["measured"]["steps"]["data"] == rep["predicted"]["steps"]["data"]
 
 
@@ -106,8 +108,10 @@ def test_packed_rows_add_only_the_token_count_over_data():
     assert rep["check"] == []
     for way in ("fwd", "bwd"):
         assert _layer_widths(rep, way) == _layer_widths(plain, way)
-    scalars = [(r["axes"], r["dtype"]) for r in rep["collectives"] if r["shape"] == []]
-    assert sorted(scalars) == [("data", "f32"), ("data", "s32"), ("data,tensor", "f32")]
+    scalars = [(r["axes"], r["dtype"], r["shape"]) for r in rep["collectives"]
+               if r["shape"] in ([], [3])]
+    assert sorted(scalars) == [("data", "f32", []), ("data", "s32", []),
+                               ("data,tensor", "f32", [3])]
 
 
 def test_check_reports_a_difference():

@@ -107,6 +107,8 @@ def _free_port():
 @pytest.mark.parametrize("flags, needle", [
     (["--num_processes=2", "--process_id=1", "--distributed_timeout=3"],
      "could not reach the coordinator at 127.0.0.1:{port} within 3 s"),
+    (["--num_processes=2", "--process_id=0", "--distributed_timeout=3"],
+     "1 of 2 processes joined within 3 s (missing: process 1)"),
     (["--num_processes=3", "--process_id=1"],
      "the mesh needs 8 devices, which 3 processes cannot share evenly"),
     (["--num_processes=2", "--process_id=2"], "--process_id=2 is not in [0, 2)"),

@@ -7,6 +7,7 @@ import math
 import re
 
 import jax
+import pytest
 
 from boost_jax.analysis.hlo import collectives, entry_instructions
 from boost_jax.config import Config, Data, Model, Parallel, Train
@@ -95,12 +96,13 @@ def test_a_nonfinite_step_is_not_applied():
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
     from boost_jax.train.optim import make_optimizer
-    from boost_jax.train.step import init_state, make_train_step
+    from boost_jax.train.step import init_state, make_train_step, stop_flags
 
     parallel = Parallel(data=2, tensor=1, tp_plan="none", zero=1)
     model = ShardedModel(tiny("cola"), parallel, make_mesh(parallel, jax.devices()[:2]))
     opt = make_optimizer(Train())
-    step = make_train_step(model, opt)
+    train_step = make_train_step(model, opt)
+    step = lambda state, batch: train_step(state, batch, stop_flags(model))  # noqa: E731
     good = {k: jnp.ones((4, 16), jnp.int32) for k in ("inputs", "targets")}
     bad = dict(good, inputs=good["inputs"].at[1, 3].set(model.cfg.vocab_size))
     state, _ = step(init_state(model, opt, 0), good)
@@ -114,3 +116,47 @@ def test_a_nonfinite_step_is_not_applied():
         np.testing.assert_array_equal(a, b)
     state, metrics = step(state, good)
     assert int(metrics["nonfinite"]) == 0 and np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.parametrize("parallel, gspmd", [
+    (Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2, zero=1), False),
+    (Parallel(data=2, tensor=4), True),
+], ids=["btp-3d", "gspmd"])
+def test_a_stop_flag_on_one_device_reaches_every_device(parallel, gspmd):
+    """The stop flags ride in the gradient norm's all-reduce: a signal seen by the process of
+    one device only (here: one row of the flags) is the step's ``stop_signal`` on every
+    device, SIGTERM before SIGINT; the flags change nothing else."""
+    import signal
+
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import STOP_SIGNALS, STOP_SPEC, init_state, make_train_step
+
+    model = ShardedModel(tiny("cola", n_layers=2), parallel, make_mesh(parallel, jax.devices()),
+                         gspmd=gspmd)
+    opt = make_optimizer(Train())
+    step = make_train_step(model, opt)
+    batch = {k: jnp.ones((8, 16), jnp.int32) for k in ("inputs", "targets")}
+
+    def flags(rows):  # {device row: signal}
+        a = np.zeros((8, len(STOP_SIGNALS)), np.float32)
+        for r, sig in rows.items():
+            a[r, STOP_SIGNALS.index(sig)] = 1
+        return jax.device_put(a, NamedSharding(model.mesh, STOP_SPEC))
+
+    results = {}
+    for name, rows in [("none", {}), ("int", {5: signal.SIGINT}),
+                       ("both", {3: signal.SIGINT, 6: signal.SIGTERM})]:
+        state, metrics = step(init_state(model, opt, 0), batch, flags(rows))
+        results[name] = jax.device_get((state["params"], metrics))
+    assert [int(results[k][1]["stop_signal"]) for k in ("none", "int", "both")] == [
+        0, signal.SIGINT, signal.SIGTERM]
+    for k in ("int", "both"):
+        assert float(results[k][1]["grad_norm"]) == float(results["none"][1]["grad_norm"])
+        for a, b in zip(jax.tree.leaves(results[k][0]), jax.tree.leaves(results["none"][0])):
+            np.testing.assert_array_equal(a, b)
