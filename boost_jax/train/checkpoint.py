@@ -146,13 +146,12 @@ class Checkpointer:
         """
         for step in reversed(self.steps()):
             path = self.directory / str(step)
-            meta, why = self._read(lambda: self._handler_restore(
-                ocp.JsonCheckpointHandler(), path / "meta", ocp.args.JsonRestore()))
+            meta, why = self._read(ocp.JsonCheckpointHandler(), path / "meta",
+                                   ocp.args.JsonRestore())
             if why is None:
                 check_meta(meta)
-                state, why = self._read(lambda: self._handler_restore(
-                    ocp.StandardCheckpointHandler(), path / "state",
-                    ocp.args.StandardRestore(target)))
+                state, why = self._read(ocp.StandardCheckpointHandler(), path / "state",
+                                        ocp.args.StandardRestore(target))
             if why is None:
                 why = verify(state, meta.get("checksums"))  # one global reduction
                 if why is None and "checksums" not in meta:
@@ -164,23 +163,18 @@ class Checkpointer:
         return None
 
     @staticmethod
-    def _handler_restore(handler, path: Path, args):
-        """Read one item with its own handler: no barrier inside, so a process whose read
-        fails reaches the next agreement like the others, and the handler finishes its
-        pending reads before it is dropped."""
-        try:
-            return handler.restore(path, args=args)
-        finally:
-            handler.close()
-
-    @staticmethod
-    def _read(read: Callable[[], object]) -> tuple[object, str | None]:
-        """``(value, None)`` when ``read`` worked on every process, else ``(None, why)``."""
+    def _read(handler, path: Path, args) -> tuple[object, str | None]:
+        """One item read with its own handler: ``(value, None)`` when the read worked on every
+        process, else ``(None, why)``. The handler has no barrier inside, so a process whose
+        read fails reaches the agreement like the others, and it finishes its pending reads
+        before it is dropped."""
         value, why = None, None
         try:
-            value = read()
+            value = handler.restore(path, args=args)
         except Exception as err:  # orbax/tensorstore raise many types on damaged files
             why = _one_line(err)
+        finally:
+            handler.close()
         if not distributed.all_true(why is None):
             return None, why or "unreadable on another process"
         return value, None

@@ -20,8 +20,8 @@ import functools
 import signal
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 from jax.sharding import NamedSharding
