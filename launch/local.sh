@@ -6,9 +6,12 @@
 #
 # Each process joins one jax.distributed run (coordinator on 127.0.0.1, a free port) and, on
 # a CPU-only host, simulates its share of the mesh's devices (gloo collectives between the
-# processes). Output lines are prefixed with the process rank. If any process exits with an
-# error, the others are stopped (SIGTERM, then SIGKILL after $GRACE seconds) and the launcher
-# exits with that process's code -- it never waits on a half-dead job.
+# processes). Output lines are prefixed with the process rank. A process that exits with
+# 128 + SIGTERM/SIGINT stopped by an agreed signal: every other process stops after the same
+# step, so the launcher waits for them (the heartbeat bounds the wait). If any process exits
+# with another error, the others are stopped (SIGTERM, then SIGKILL after $GRACE seconds) and
+# the launcher exits with that process's code -- it never waits on a half-dead job. A SIGTERM
+# or SIGINT to the launcher is passed on to every process (each saves the same checkpoint).
 set -uo pipefail
 
 if [[ $# -lt 1 || ! $1 =~ ^[0-9]+$ || $1 -lt 1 ]]; then
@@ -38,8 +41,13 @@ stop_all() {
   done
   kill -KILL "${pids[@]}" 2>/dev/null
 }
-trap 'stop_all; exit 130' INT
-trap 'stop_all; exit 143' TERM
+forward() {  # pass a signal on; the processes agree on a step, checkpoint and exit
+  kill "-$1" "${pids[@]}" 2>/dev/null
+  wait
+  exit $((128 + $2))
+}
+trap 'forward INT 2' INT
+trap 'forward TERM 15' TERM
 
 status=0
 running=("${pids[@]}")
@@ -48,7 +56,9 @@ while [[ ${#running[@]} -gt 0 ]]; do
   code=$?
   running=("${running[@]/$done_pid}")
   running=(${running[@]})  # drop the emptied slot
-  if [[ $code -ne 0 ]]; then
+  if [[ $code -eq 130 || $code -eq 143 ]]; then
+    status=$code  # an agreed stop: the others are saving the same checkpoint
+  elif [[ $code -ne 0 ]]; then
     echo "local.sh: process $done_pid exited with $code; stopping the others" >&2
     stop_all
     status=$code

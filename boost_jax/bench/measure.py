@@ -59,12 +59,12 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     import numpy as np
 
     from boost_jax.tools.comm_report import build_report, compile_step
-    from boost_jax.train.step import init_state
+    from boost_jax.train.step import init_state, stop_flags
 
     t = config.train
     model, opt, compiled = compile_step(config, gspmd=gspmd)
     rep = build_report(config, compiled=compiled, mesh=model.mesh, gspmd=gspmd)
-    state = init_state(model, opt, t.seed)
+    state, stop = init_state(model, opt, t.seed), stop_flags(model)
     rng = np.random.default_rng(0)
     times = []
     for i in range(steps + 1):
@@ -72,7 +72,7 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
                              config.data.packing == "document")
         batch = {k: jax.device_put(v, model.batch_sharding) for k, v in batch.items()}
         start = time.perf_counter()
-        state, metrics = compiled(state, batch)
+        state, metrics = compiled(state, batch, stop)
         jax.block_until_ready((state, metrics))
         if i:
             times.append(time.perf_counter() - start)

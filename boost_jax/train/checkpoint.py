@@ -19,8 +19,11 @@ tried on every process. A save that fails (a full disk, any ``OSError``) raises
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +51,8 @@ class Restored:
 
 
 def _one_line(err: BaseException, limit: int = 300) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:limit]}"
+    text = str(err).split("See full TensorStore details")[0]  # then a page of JSON spec
+    return f"{type(err).__name__}: {' '.join(text.split())[:limit]}"
 
 
 def _os_error(err: BaseException) -> OSError | None:
@@ -60,6 +64,27 @@ def _os_error(err: BaseException) -> OSError | None:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+@contextlib.contextmanager
+def _pending_reads_dropped():
+    """When one read of a damaged checkpoint fails, orbax abandons its other pending reads;
+    those fail too when they are collected and would each print a traceback ("Exception
+    ignored in: <coroutine ...>"). They are collected here and their errors -- the same damage,
+    reported once by the caller -- dropped; any other unraisable error is printed as usual."""
+    default = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        code = getattr(unraisable.object, "cr_code", None)
+        if code is None or not any(k in code.co_filename for k in ("orbax", "tensorstore")):
+            default(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.unraisablehook = default
 
 
 class Checkpointer:
@@ -169,12 +194,13 @@ class Checkpointer:
         read fails reaches the agreement like the others, and it finishes its pending reads
         before it is dropped."""
         value, why = None, None
-        try:
-            value = handler.restore(path, args=args)
-        except Exception as err:  # orbax/tensorstore raise many types on damaged files
-            why = _one_line(err)
-        finally:
-            handler.close()
+        with _pending_reads_dropped():
+            try:
+                value = handler.restore(path, args=args)
+            except Exception as err:  # orbax/tensorstore raise many types on damaged files
+                why = _one_line(err)
+            finally:
+                handler.close()
         if not distributed.all_true(why is None):
             return None, why or "unreadable on another process"
         return value, None

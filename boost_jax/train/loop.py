@@ -296,10 +296,11 @@ class _Run:
             self.signal = self.signal or signum
 
         while step < t.steps and not self.signal:
-            if stop.signum not in flags:
-                flags[stop.signum] = stop_flags(self.model, stop.signum)
+            signum = stop.signum  # read once: a signal may arrive at any moment
+            if signum not in flags:
+                flags[signum] = stop_flags(self.model, signum)
             batch = self.global_batch(next(self.train_it))
-            state, metrics = self.step_fn(state, batch, flags[stop.signum])
+            state, metrics = self.step_fn(state, batch, flags[signum])
             step = self.step = step + 1
             if pending is not None:
                 read(pending)
@@ -328,24 +329,24 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
     fails."""
     t_start = time.perf_counter()
-    r = _Run(config, Path(workdir).absolute(), devices, checkpoint_async)
-    state, start = r.restore(fresh_start)
-    r.compile(start)
-    diverged = None
-    with _Stop() as stop:
+    with _Stop() as stop:  # until the last checkpoint is written: a signal only sets a flag
+        r = _Run(config, Path(workdir).absolute(), devices, checkpoint_async)
+        state, start = r.restore(fresh_start)
+        r.compile(start)
+        diverged = None
         try:
             state, step, eval_loss = r.train(state, start, stop)
         except Diverged as err:  # nothing is saved over the last good checkpoint
             diverged, step, eval_loss = str(err), r.step, None
-    interrupted = r.signal or None
-    if diverged is None:
-        r.checkpoint(step, state, wait=True)
-        if interrupted is not None:
-            logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun the "
-                            "same command to resume", interrupted, step)
-        elif step > start or eval_loss is None:
-            eval_loss = r.evaluate(step, state["params"])
-    r.close()
+        interrupted = r.signal or None
+        if diverged is None:
+            r.checkpoint(step, state, wait=True)
+            if interrupted is not None:
+                logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun "
+                                "the same command to resume", interrupted, step)
+            elif step > start or eval_loss is None:
+                eval_loss = r.evaluate(step, state["params"])
+        r.close()
     summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
                       str(r.ckpt.directory), str(r.writer.path), diverged)
     if diverged is not None:

@@ -3,6 +3,7 @@ same losses, interchangeable checkpoints, no hang when a process dies, clear err
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,10 +18,11 @@ from boost_jax.testing import rel_err
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launch" / "local.sh"
+FAULTS = str(REPO / "tests" / "faults")  # test-only fault injection (its sitecustomize.py)
 
 
-def _env():
-    env = dict(os.environ, PYTHON=sys.executable)
+def _env(**extra):
+    env = dict(os.environ, PYTHON=sys.executable, **extra)
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "device_count" not in f)
     return env
@@ -35,12 +37,12 @@ def _flags(data, workdir, steps):
             "--gin_param=Parallel.tensor=4"]
 
 
-def _run(processes, flags, timeout=300):
+def _run(processes, flags, timeout=300, **env):
     if processes == 1:
         cmd = [sys.executable, "-m", "boost_jax.train", *flags]
     else:
         cmd = ["bash", str(LAUNCH), str(processes), *flags]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(),
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**env),
                          cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -137,3 +139,80 @@ def test_two_processes_on_a_fresh_cache_prepare_the_bundled_corpus_once(tmp_path
     (data,) = (tmp_path / "cache" / "data").glob("shakespeare-*[0-9]")
     assert (data / "manifest.json").is_file()
     assert _losses(tmp_path / "run").keys() == {1, 2}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory):
+    """The losses of 30 steps in one process (the schedule of ``_flags``)."""
+    workdir = tmp_path_factory.mktemp("reference")
+    _run(1, _flags(tiny_data, workdir, 30))
+    return _losses(workdir)
+
+
+def _steps(workdir):
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def _pid(workdir, rank):
+    found = subprocess.run(["pgrep", "-f", f"process_id={rank}.*{workdir}"],
+                           capture_output=True, text=True).stdout.split()
+    assert found, f"process {rank} not found"
+    return int(found[0])
+
+
+@pytest.mark.parametrize("who", ["one", pytest.param("both", marks=pytest.mark.slow)])
+def test_sigterm_stops_every_process_at_the_same_step(tiny_data, tmp_path, reference, who):
+    """SIGTERM to process 1 only (or to process 1, then to process 0 a second later): both
+    processes stop after the same step, save that one checkpoint and exit with 143; a resume
+    (in 1 process, or in 2) continues as if uninterrupted."""
+    work = tmp_path / "run"
+    launcher = subprocess.Popen(["bash", str(LAUNCH), "2", *_flags(tiny_data, work, 100000)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=_env(), cwd=REPO, start_new_session=True)
+    try:
+        metrics, deadline = work / "metrics.jsonl", time.time() + 240
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count(
+                "\n") >= 3):
+            time.sleep(0.1)
+        os.kill(_pid(work, 1), signal.SIGTERM)
+        if who == "both":
+            time.sleep(1.0)
+            try:
+                os.kill(_pid(work, 0), signal.SIGTERM)
+            except (AssertionError, ProcessLookupError):
+                pass  # already gone: it stopped with process 1
+        start = time.time()
+        code = launcher.wait(timeout=120)
+        stderr = launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert code == 128 + signal.SIGTERM and time.time() - start < 60, stderr[-3000:]
+    stopped = dict(re.findall(r"\[p(\d)\].*stopped by signal 15 after step (\d+)", stderr))
+    assert set(stopped) == {"0", "1"} and len(set(stopped.values())) == 1, stderr[-3000:]
+    n = int(stopped["0"])
+    assert n < 28 and _steps(work)[-1] == n and max(_losses(work)) == n
+    _run(1 if who == "one" else 2, _flags(tiny_data, work, n + 2))
+    losses = _losses(work)
+    assert sorted(losses) == list(range(1, n + 3))
+    assert _same(losses, reference, range(1, n + 3))
+
+
+def test_a_checkpoint_unreadable_on_one_host_is_given_up_by_all(tiny_data, tmp_path,
+                                                                 reference):
+    """Checkpoint 6 cannot be read by process 1 only (an injected I/O error): both processes
+    give it up together, it is moved aside once, both restore step 3, and the run goes on
+    as if uninterrupted."""
+    work = tmp_path / "run"
+    _run(2, _flags(tiny_data, work, 6))
+    assert _steps(work) == [3, 6]
+    out = _run(2, _flags(tiny_data, work, 9), PYTHONPATH=FAULTS,
+               BOOST_JAX_FAULT_UNREADABLE="1:6")
+    damaged = [line for line in out.stderr.splitlines() if "checkpoint 6 is damaged" in line]
+    assert sorted(line[:4] for line in damaged) == ["[p0]", "[p1]"], out.stderr[-3000:]
+    assert any("another process" in line for line in damaged)
+    assert any("Input/output error (injected)" in line for line in damaged)
+    assert "resumed from" in out.stderr and "at step 3" in out.stderr
+    assert _steps(work) == [3, 6, 9] or _steps(work)[-1] == 9
+    assert len(list((work / "checkpoints").glob("corrupt-6-*"))) == 1
+    assert _same(_losses(work), reference, range(1, 10))

@@ -6,12 +6,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import pytest
 
 from boost_jax.train.loop import run
 from tests.train.test_trainer import _config, _losses
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env():
@@ -103,3 +106,37 @@ def test_default_run_learns(tmp_path):
     assert last < first - 2
     assert "eval perplexity" in out.stderr
     assert json.loads((tmp_path / "config.json").read_text())["Model"]["arch"] == "cola"
+
+
+FAULTS = str(REPO / "tests" / "faults")
+
+
+def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path):
+    """SIGKILL while checkpoint 4's metadata is written (arrays already on disk), then while
+    checkpoint 6 is being committed (all written, not renamed), then a plain resume: the same
+    losses as an uninterrupted run, each step once in metrics.jsonl, the lost tails of the
+    killed runs in the side files, no temporary directory left."""
+    gin = [*_tiny_gin(tiny_data), "Train.steps=10", "Train.schedule_steps=10",
+           "Train.checkpoint_every=2", "Train.eval_every=1000"]
+    ref = tmp_path / "ref"
+    assert subprocess.run(_cmd(ref, *gin), capture_output=True, env=_env(),
+                          timeout=300).returncode == 0
+    work = tmp_path / "run"
+    for kill, committed in (("4:meta", [2]), ("6:commit", [2, 4])):
+        env = dict(_env(), PYTHONPATH=FAULTS, BOOST_JAX_FAULT_KILL=kill)
+        out = subprocess.run(_cmd(work, *gin), capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+        ckpt = work / "checkpoints"
+        assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == committed
+    out = subprocess.run(_cmd(work, *gin), capture_output=True, text=True, env=_env(),
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "removed 1 unfinished checkpoint save(s)" in out.stderr
+    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == list(range(1, 11))
+    assert [r["loss"] for r in rows if "loss" in r] == list(_losses(ref).values())
+    assert sorted(p.name for p in work.glob("metrics.rewound-*")) == [
+        "metrics.rewound-2.jsonl", "metrics.rewound-4.jsonl"]
+    assert not list((work / "checkpoints").glob("*tmp*"))

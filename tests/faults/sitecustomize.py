@@ -1,0 +1,64 @@
+"""Test-only fault injection for subprocess runs: put this directory on ``PYTHONPATH`` and set
+
+- ``BOOST_JAX_FAULT_UNREADABLE=<process>:<step>``: that process's read of checkpoint
+  ``<step>``'s arrays fails (an I/O error seen by one host only);
+- ``BOOST_JAX_FAULT_KILL=<step>:<moment>``: the process kills itself (SIGKILL) while saving
+  checkpoint ``<step>``: ``meta`` -- arrays written, metadata not; ``commit`` -- everything
+  written, the temporary directory not yet renamed.
+
+Nothing here is imported by boost_jax itself.
+"""
+
+import os
+
+_UNREADABLE = os.environ.get("BOOST_JAX_FAULT_UNREADABLE")
+_KILL = os.environ.get("BOOST_JAX_FAULT_KILL")
+
+if _UNREADABLE or _KILL:
+    import errno
+    import signal
+    from pathlib import Path
+
+    import orbax.checkpoint as ocp
+    from orbax.checkpoint._src.path import atomicity
+
+    def _step_of(path) -> str:
+        return Path(str(path)).parent.name.split(".")[0]
+
+    if _UNREADABLE:
+        _proc, _step = _UNREADABLE.split(":")
+        _restore = ocp.StandardCheckpointHandler.restore
+
+        def restore(self, directory, *args, **kwargs):
+            import jax
+
+            if jax.process_index() == int(_proc) and _step_of(directory) == _step:
+                raise OSError(errno.EIO, "Input/output error (injected)", str(directory))
+            return _restore(self, directory, *args, **kwargs)
+
+        ocp.StandardCheckpointHandler.restore = restore
+
+    if _KILL:
+        _kstep, _moment = _KILL.split(":")
+
+        def _die():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        if _moment == "meta":
+            _save_fn = ocp.JsonCheckpointHandler._save_fn
+
+            async def save_fn(self, x, directory):
+                if _step_of(directory) == _kstep:
+                    _die()
+                return await _save_fn(self, x, directory)
+
+            ocp.JsonCheckpointHandler._save_fn = save_fn
+        else:
+            _finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+            async def finalize(self, *args, **kwargs):
+                if Path(str(self.get_final())).name == _kstep:
+                    _die()
+                return await _finalize(self, *args, **kwargs)
+
+            atomicity.AtomicRenameTemporaryPath.finalize = finalize
