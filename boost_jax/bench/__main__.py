@@ -1,14 +1,14 @@
 """``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step, zero,
-data."""
+data, checkpoint."""
 
 from absl import app, flags
 
-from boost_jax.bench import data, model, remat, step, tp, zero
+from boost_jax.bench import checkpoint, data, model, remat, step, tp, zero
 from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
 
 BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main,
-              "zero": zero.main, "data": data.main}
+              "zero": zero.main, "data": data.main, "checkpoint": checkpoint.main}
 
 
 def define_flags() -> None:

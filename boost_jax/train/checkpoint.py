@@ -68,15 +68,19 @@ def _os_error(err: BaseException) -> OSError | None:
 
 @contextlib.contextmanager
 def _pending_reads_dropped():
-    """When one read of a damaged checkpoint fails, orbax abandons its other pending reads;
-    those fail too when they are collected and would each print a traceback ("Exception
-    ignored in: <coroutine ...>"). They are collected here and their errors -- the same damage,
+    """When one read of a damaged checkpoint (or a write) fails, orbax abandons its other
+    pending operations; those fail too when they are collected, or call back into an event loop
+    already closed, and would each print a traceback ("Exception ignored in: <coroutine ...>",
+    "Event loop is closed"). They are collected here and their errors -- the same failure,
     reported once by the caller -- dropped; any other unraisable error is printed as usual."""
     default = sys.unraisablehook
 
     def hook(unraisable) -> None:
         code = getattr(unraisable.object, "cr_code", None)
-        if code is None or not any(k in code.co_filename for k in ("orbax", "tensorstore")):
+        ours = code is not None and any(k in code.co_filename for k in ("orbax", "tensorstore"))
+        closed = (isinstance(unraisable.exc_value, RuntimeError)
+                  and str(unraisable.exc_value) == "Event loop is closed")
+        if not (ours or closed):
             default(unraisable)
 
     sys.unraisablehook = hook
@@ -132,7 +136,7 @@ class Checkpointer:
             if wait:
                 self.mngr.wait_until_finished()
         except Exception as err:  # a failed background write surfaces here too
-            raise self._write_error(err) from err
+            raise self._abandon(err) from err
 
     def _write_error(self, err: Exception) -> Exception:
         os_err = _os_error(err)
@@ -146,11 +150,20 @@ class Checkpointer:
             f"could not write a checkpoint to {where}: {os_err.strerror or os_err}{need}{have}; "
             f"the older checkpoints in {self.directory} are intact")
 
+    def _abandon(self, err: Exception) -> Exception:
+        """After a failed save: close the manager quietly; the error to raise."""
+        with _pending_reads_dropped():
+            try:
+                self.mngr.close()
+            except Exception:  # the same failure again
+                pass
+        return self._write_error(err)
+
     def wait(self) -> None:
         try:
             self.mngr.wait_until_finished()
         except Exception as err:
-            raise self._write_error(err) from err
+            raise self._abandon(err) from err
 
     def close(self) -> None:
         try:
