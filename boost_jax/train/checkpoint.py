@@ -88,7 +88,26 @@ def _pending_reads_dropped():
         yield
     finally:
         gc.collect()
-        sys.unraisablehook = default
+        # reads that finish later still call back into orbax's closed event loop
+        sys.unraisablehook = _LateCallbacksDropped(default)
+
+
+class _LateCallbacksDropped:
+    """The unraisable hook after an abandoned read: drops only "Event loop is closed" raised
+    by a late TensorStore callback into orbax's finished event loop; the rest goes on."""
+
+    def __init__(self, default):
+        self.default = getattr(default, "default", default)
+
+    def __call__(self, unraisable) -> None:
+        tb = unraisable.exc_traceback
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        late = (isinstance(unraisable.exc_value, RuntimeError)
+                and str(unraisable.exc_value) == "Event loop is closed"
+                and tb is not None and tb.tb_frame.f_code.co_name == "_check_closed")
+        if not late:
+            self.default(unraisable)
 
 
 class Checkpointer:

@@ -2,18 +2,19 @@
 
 Orbax's array chunks carry no checksum (its Zarr v3 layout puts ``crc32c`` on the shard
 index only, and the chunk codec chain is fixed), so a byte flipped inside a data file restores
-silently. Each checkpoint therefore records, in its JSON metadata, a 64-bit fingerprint of
+silently. Each checkpoint therefore records, in its JSON metadata, a 32-bit fingerprint of
 every array of the state, computed on the device by one jitted reduction before the save; the
 restore recomputes it on the arrays it read and refuses the checkpoint on any difference or
 on any non-finite value.
 
-The fingerprint of an array with elements ``x_i`` (their bits as uint32; 16-bit types
-zero-extended) at flat index ``i`` is the pair of sums, mod 2^32,
-``sum(x_i * w_i)`` and ``sum(rotl(x_i, 13) * v_i)`` with odd weights ``w_i = 2i + 1`` and
-``v_i = (i * GOLDEN) | 1``. An odd weight makes any change of a single element change each sum,
-position-dependent weights catch moved data, and two independent sums leave ~2^-64 odds to
-random damage. Integer sums are exact in any order, so the fingerprint does not depend on the
-mesh, the sharding or the process count: a checkpoint verifies on any mesh it reshards onto.
+The fingerprint of an array with elements ``x_i`` (their bits as uint32; 8/16-bit types
+zero-extended) at flat index ``i`` is ``sum(x_i * w_i) mod 2^32`` with odd weights
+``w_i = (i * GOLDEN) | 1``. An odd weight makes any change of a single element change the
+sum (so one flipped bit is always caught), position-dependent weights catch moved data, and
+random damage of many elements goes unseen with odds of 2^-32. Integer sums are exact in any
+order, so the fingerprint does not depend on the mesh, the sharding or the process count: a
+checkpoint verifies on any mesh it reshards onto. Cost: one read of the state at device
+memory bandwidth (see ``python -m boost_jax.bench checkpoint``).
 """
 
 from __future__ import annotations
@@ -36,16 +37,14 @@ def _bits(x: jax.Array) -> jax.Array:
     raise ValueError(f"no fingerprint for {x.dtype} arrays")
 
 
-def _leaf(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _leaf(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     bits = _bits(x)
     i = lax.broadcasted_iota(jnp.uint32, x.shape, 0) if x.ndim else jnp.uint32(0)
     for d in range(1, x.ndim):  # the flat index, mod 2^32
         i = i * jnp.uint32(x.shape[d]) + lax.broadcasted_iota(jnp.uint32, x.shape, d)
-    rot = (bits << 13) | (bits >> 19)
-    h1 = jnp.sum(bits * (2 * i + 1), dtype=jnp.uint32)
-    h2 = jnp.sum(rot * ((i * jnp.uint32(GOLDEN)) | 1), dtype=jnp.uint32)
+    h = jnp.sum(bits * ((i * jnp.uint32(GOLDEN)) | 1), dtype=jnp.uint32)
     finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.floating) else True
-    return h1, h2, jnp.asarray(finite)
+    return h, jnp.asarray(finite)
 
 
 @jax.jit
@@ -54,13 +53,13 @@ def _fingerprints(leaves: list[jax.Array]) -> list:
 
 
 def fingerprint(state) -> tuple[dict[str, str], list[str]]:
-    """``({path: 16 hex digits}, [paths of arrays holding a non-finite value])`` of a pytree
+    """``({path: 8 hex digits}, [paths of arrays holding a non-finite value])`` of a pytree
     of (sharded) arrays; one jitted reduction, read back to the host."""
     paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0])
     sums, bad = {}, []
-    for path, (h1, h2, finite) in zip(paths, jax.device_get(_fingerprints(list(leaves)))):
+    for path, (h, finite) in zip(paths, jax.device_get(_fingerprints(list(leaves)))):
         name = jax.tree_util.keystr(path)
-        sums[name] = f"{int(h1):08x}{int(h2):08x}"
+        sums[name] = f"{int(h):08x}"
         if not bool(finite):
             bad.append(name)
     return sums, bad
