@@ -88,8 +88,9 @@ def detect(coordinator: str | None = None, num_processes: int | None = None,
 HELLO = b"boost_jax rendezvous"  # a peer's greeting: HELLO <process_id> <num_processes>
 
 
-def _connect(address: str, deadline: float, timeout: float) -> socket.socket:
+def _connect(address: str, timeout: float) -> socket.socket:
     host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
     while True:
         try:
             return socket.create_connection((host, int(port)), timeout=2.0)
@@ -103,7 +104,7 @@ def _connect(address: str, deadline: float, timeout: float) -> socket.socket:
 def join_rendezvous(cluster: Cluster, timeout: float) -> None:
     """A peer: greet process 0 and wait until it has heard from every process (ConfigError
     when process 0 is unreachable or gives up)."""
-    conn = _connect(cluster.coordinator, time.monotonic() + timeout, timeout)
+    conn = _connect(cluster.coordinator, timeout)
     with conn:
         conn.sendall(b"%s %d %d\n" % (HELLO, cluster.process_id, cluster.num_processes))
         conn.settimeout(2 * timeout + 5)  # process 0 waits up to ``timeout`` for the rest
@@ -213,10 +214,9 @@ def lead_values(values: list[int]) -> list[int]:
     from jax.experimental import multihost_utils
 
     n = int(multihost_utils.broadcast_one_to_all(np.int64(len(values))))
-    padded = np.full(max(n, 1), -1, np.int64)
-    padded[:min(n, len(values))] = values[:n]
-    if jax.process_index() != 0:
-        padded[:] = -1
+    padded = np.full(max(n, 1), -1, np.int64)  # the same shape on every process
+    if jax.process_index() == 0:
+        padded[:n] = values
     return [int(v) for v in multihost_utils.broadcast_one_to_all(padded)[:n]]
 
 

@@ -73,14 +73,12 @@ def _pending_reads_dropped():
     already closed, and would each print a traceback ("Exception ignored in: <coroutine ...>",
     "Event loop is closed"). They are collected here and their errors -- the same failure,
     reported once by the caller -- dropped; any other unraisable error is printed as usual."""
-    default = sys.unraisablehook
+    default = getattr(sys.unraisablehook, "default", sys.unraisablehook)
 
     def hook(unraisable) -> None:
         code = getattr(unraisable.object, "cr_code", None)
         ours = code is not None and any(k in code.co_filename for k in ("orbax", "tensorstore"))
-        closed = (isinstance(unraisable.exc_value, RuntimeError)
-                  and str(unraisable.exc_value) == "Event loop is closed")
-        if not (ours or closed):
+        if not (ours or _late_callback(unraisable)):
             default(unraisable)
 
     sys.unraisablehook = hook
@@ -92,21 +90,25 @@ def _pending_reads_dropped():
         sys.unraisablehook = _LateCallbacksDropped(default)
 
 
+def _late_callback(unraisable) -> bool:
+    """"Event loop is closed", raised by a late TensorStore callback into orbax's finished
+    event loop."""
+    tb = unraisable.exc_traceback
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"
+            and tb is not None and tb.tb_frame.f_code.co_name == "_check_closed")
+
+
 class _LateCallbacksDropped:
-    """The unraisable hook after an abandoned read: drops only "Event loop is closed" raised
-    by a late TensorStore callback into orbax's finished event loop; the rest goes on."""
+    """The unraisable hook after an abandoned read: drops only :func:`_late_callback`s."""
 
     def __init__(self, default):
-        self.default = getattr(default, "default", default)
+        self.default = default
 
     def __call__(self, unraisable) -> None:
-        tb = unraisable.exc_traceback
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        late = (isinstance(unraisable.exc_value, RuntimeError)
-                and str(unraisable.exc_value) == "Event loop is closed"
-                and tb is not None and tb.tb_frame.f_code.co_name == "_check_closed")
-        if not late:
+        if not _late_callback(unraisable):
             self.default(unraisable)
 
 
@@ -185,10 +187,8 @@ class Checkpointer:
             raise self._abandon(err) from err
 
     def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self.mngr.close()
+        self.wait()  # on a failed write, closes the manager and raises
+        self.mngr.close()
 
     # --- restoring ------------------------------------------------------------------------
     def restore_latest(self, target: dict,

@@ -37,7 +37,7 @@ from boost_jax.config import Config, ConfigError, Train
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
-from boost_jax.train.checkpoint import Checkpointer, CheckpointWriteError
+from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter, progress_line
 from boost_jax.train.optim import make_optimizer
 from boost_jax.train.step import (
@@ -49,8 +49,6 @@ from boost_jax.train.step import (
     stop_flags,
     to_checkpoint_layout,
 )
-
-__all__ = ["CheckpointWriteError", "Diverged", "Summary", "run"]
 
 
 @dataclasses.dataclass

@@ -29,7 +29,8 @@ EXIT_WRITE_FAILED = 1  # a checkpoint could not be written (disk full, ...)
 
 
 def _train(config) -> int:
-    from boost_jax.train.loop import CheckpointWriteError, run
+    from boost_jax.train.checkpoint import CheckpointWriteError
+    from boost_jax.train.loop import run
 
     try:
         summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start)

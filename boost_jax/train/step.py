@@ -191,7 +191,7 @@ def stop_flags(model: ShardedModel, signum: int | None = None) -> jax.Array:
         row[STOP_SIGNALS.index(signum)] = 1.0
     shape = (model.mesh.size, len(STOP_SIGNALS))
     return jax.make_array_from_callback(shape, NamedSharding(model.mesh, STOP_SPEC),
-                                        lambda index: np.tile(row, (1, 1)))
+                                        lambda index: row[None])
 
 
 def _agreed_signal(counts: jax.Array) -> jax.Array:
