@@ -1,5 +1,5 @@
-"""Orbax checkpoints: the sharded train state and JSON metadata (config, data position and the
-state's fingerprints).
+"""Orbax checkpoints: the sharded train state (Zarr v3, every chunk checksummed) and JSON
+metadata (config, data position).
 
 Layout: ``<workdir>/checkpoints/<step>/{state, meta}``. Orbax writes each step under a
 temporary name and renames it when complete, so an interrupted save never looks like a
@@ -8,13 +8,14 @@ checkpoint; temporaries left by a killed run are removed at start. The data iter
 checkpoint resumes with any process count. Restoring onto a target with other shardings
 (another mesh) reshards on load.
 
-Restore tries the newest step first and verifies it: the metadata parses, the arrays read, and
-their fingerprints (:mod:`boost_jax.train.integrity`) equal the saved ones with every value
-finite. Every process takes each of these decisions together (an all-gather of "did it work
-here"), so damage that one host sees is damage everywhere: the checkpoint is reported in one
-line, moved aside to ``corrupt-<step>-<time>`` (nothing is deleted) and the same older step is
-tried on every process. A save that fails (a full disk, any ``OSError``) raises
-:class:`CheckpointWriteError` with one line; older checkpoints stay as they were.
+Restore tries the newest step first and verifies it: the metadata parses, the arrays read with
+every chunk's checksum intact, every value is finite and the state is of that step
+(:mod:`boost_jax.train.integrity`). Every process takes each of these decisions together (an
+all-gather of "did it work here"), so damage that one host sees is damage everywhere: the
+checkpoint is reported in one line, moved aside to ``corrupt-<step>-<time>`` (nothing is
+deleted) and the same older step is tried on every process. A save that fails (a full disk,
+any ``OSError``) raises :class:`CheckpointWriteError` with one line; older checkpoints stay as
+they were.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from boost_jax.parallel import distributed
-from boost_jax.train.integrity import fingerprint, verify
+from boost_jax.train.integrity import STATE_FORMAT, install_chunk_checksums, verify
 
 ITEMS = ("state", "meta")
 TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's suffix for a step still being written
@@ -51,6 +52,12 @@ class Restored:
 
 
 def _one_line(err: BaseException, limit: int = 300) -> str:
+    """The root cause of ``err`` (TensorStore's own message, e.g. "DATA_LOSS: ... Digest
+    mismatch", lies under orbax's "Encountered error while reading ...") on one line."""
+    seen = set()
+    while (err.__cause__ or err.__context__) is not None and id(err) not in seen:
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
     text = str(err).split("See full TensorStore details")[0]  # then a page of JSON spec
     return f"{type(err).__name__}: {' '.join(text.split())[:limit]}"
 
@@ -120,6 +127,7 @@ class Checkpointer:
         self.keep, self.asynchronous = keep, asynchronous
         self.quarantined: list[Path] = []  # moved aside by this process's restore
         self._bytes = 0
+        install_chunk_checksums()
         if jax.process_index() == 0:
             self._remove_temporaries()
         self._open()
@@ -127,7 +135,10 @@ class Checkpointer:
     def _open(self) -> None:
         options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
                                                enable_async_checkpointing=self.asynchronous)
-        self.mngr = ocp.CheckpointManager(self.directory, item_names=ITEMS, options=options)
+        handlers = {"state": ocp.PyTreeCheckpointHandler(use_zarr3=True),
+                    "meta": ocp.JsonCheckpointHandler()}
+        self.mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers,
+                                          options=options)
 
     def _remove_temporaries(self) -> None:
         """Saves that never completed (a run killed while writing) were never checkpoints."""
@@ -144,14 +155,13 @@ class Checkpointer:
 
     # --- saving ---------------------------------------------------------------------------
     def save(self, step: int, state: dict, meta: dict, wait: bool = False) -> None:
-        """Save at ``step`` (with ``state``'s fingerprints in ``meta``); ``wait`` blocks until
-        the checkpoint is on disk. Raises :class:`CheckpointWriteError`."""
+        """Save at ``step``; ``wait`` blocks until the checkpoint is on disk. Raises
+        :class:`CheckpointWriteError`."""
         if step in self.mngr.all_steps():
             return
-        sums, _ = fingerprint(state)
         self._bytes = sum(x.nbytes for x in jax.tree.leaves(state))
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                  meta=ocp.args.JsonSave({**meta, "checksums": sums}))
+        args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
+                                  meta=ocp.args.JsonSave({**meta, "state_format": STATE_FORMAT}))
         try:
             self.mngr.save(step, args=args, force=True)
             if wait:
@@ -210,10 +220,10 @@ class Checkpointer:
                 state, why = self._read(ocp.StandardCheckpointHandler(), path / "state",
                                         ocp.args.StandardRestore(target))
             if why is None:
-                why = verify(state, meta.get("checksums"))  # one global reduction
-                if why is None and "checksums" not in meta:
-                    logging.warning("checkpoint %d has no checksums (written by an older "
-                                    "version): restored without verification", step)
+                why = verify(state, step)  # one global reduction
+                if why is None and meta.get("state_format") != STATE_FORMAT:
+                    logging.warning("checkpoint %d has no chunk checksums (written by an older "
+                                    "version): its bytes were not verified", step)
             if why is None:
                 return Restored(state, meta, step)
             self._quarantine(step, why)
