@@ -4,7 +4,8 @@ compilation cache, simulated CPU devices, and one-line errors.
 A command defines its own flags, calls :func:`define_gin_flags`, and wraps its body with
 :func:`run_command`, which parses gin, builds the validated :class:`~boost_jax.config.Config`,
 asks for as many CPU devices as the mesh needs (before JAX starts its backends) and turns a
-:class:`~boost_jax.config.ConfigError` into ``<prog>: error: <one line>`` and exit code 2.
+:class:`~boost_jax.config.ConfigError` into ``<prog>: error: <one line>`` and exit code 2
+(``BOOST_JAX_DEBUG=1`` shows the traceback instead).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from absl import flags, logging
+from absl import app, flags, logging
 
-from boost_jax.config import Config, ConfigError, load_config, parse_gin
+from boost_jax.config import Config, ConfigError
+from boost_jax.gin_io import load_config, parse_gin
 
 FLAGS = flags.FLAGS
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -67,9 +69,11 @@ def _setup(config: Config) -> None:
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
     if jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
-        logging.info("no accelerator: simulating %d CPU devices%s for the (data, pipe, tensor) "
-                     "mesh %s", local, f" in each of {jax.process_count()} processes"
-                     if jax.process_count() > 1 else "", config.parallel.shape)
+        from boost_jax.train.progress import say
+
+        each = f" in each of {jax.process_count()} processes" if jax.process_count() > 1 else ""
+        say(f"no accelerator: simulating {local} CPU devices{each} for the (data, pipe, tensor) "
+            f"mesh {config.parallel.shape}")
 
 
 def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
@@ -82,6 +86,50 @@ def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
         _setup(config)
         return body(config) or 0
     except ConfigError as err:
-        # gin appends the configurable's name on a second line; the first line says it all
-        print(f"{prog}: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
+        return user_error(prog, err)
+
+
+def debugging() -> bool:
+    """``BOOST_JAX_DEBUG=1``: user errors raise with their traceback instead of one line."""
+    return os.environ.get("BOOST_JAX_DEBUG", "") not in ("", "0")
+
+
+def user_error(prog: str, err: Exception) -> int:
+    """Report a user-caused failure as ``<prog>: error: <first line>``; the exit code 2."""
+    if debugging():
+        raise err
+    # gin appends the configurable's name on a second line; the first line says it all
+    print(f"{prog}: error: {str(err).splitlines()[0]}", file=sys.stderr)
+    return 2
+
+
+def _gin_hint(err: flags.Error) -> str:
+    """``; did you mean --gin_param=Train.steps=...`` for a flag that is a config field."""
+    import dataclasses
+    import re
+
+    from boost_jax.gin_io import GROUPS
+
+    name = re.search(r"Unknown command line flag '([\w-]+)'", str(err))
+    fields = [f"{cls.__name__}.{f.name}" for cls in GROUPS.values()
+              for f in dataclasses.fields(cls) if name and f.name == name.group(1)]
+    return f"; config fields are gin bindings: --gin_param={fields[0]}=..." if fields else ""
+
+
+def run_app(prog: str, main: Callable[[list[str]], int | None]) -> None:
+    """``absl.app.run(main)`` with one-line errors: an unknown or malformed flag and a usage
+    error (``app.UsageError``) print ``<prog>: error: ...`` and exit with code 2."""
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            return FLAGS(argv)
+        except flags.Error as err:
+            sys.exit(user_error(prog, ConfigError(f"{err}{_gin_hint(err)} (see --help)")))
+
+    def guarded(argv: list[str]) -> int | None:
+        try:
+            return main(argv)
+        except app.UsageError as err:
+            return user_error(prog, err)
+
+    app.run(guarded, flags_parser=parse)

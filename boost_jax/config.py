@@ -1,17 +1,17 @@
 """Gin-configurable configuration: ``Model``, ``Parallel``, ``Train`` and ``Data``.
 
 Each class is a frozen dataclass whose fields are the public gin bindings
-(``--gin_param=Model.arch='svd'``). Construction validates the values and raises
+(``--gin_param=Model.arch='svd'``), each with its one-line meaning (``--print_config`` lists
+them). Construction checks every field's type and validates the values, and raises
 :class:`ConfigError` with a one-line message naming the offending binding, so bad input is
-reported before anything is compiled.
+reported before anything is compiled. Gin text in and out (files, bindings, the operative
+config of a run) is in :mod:`boost_jax.gin_io`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
-from pathlib import Path
-from typing import Literal
+import typing
 
 import gin
 
@@ -38,6 +38,35 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string",
+               bool: "a boolean (True or False)", type(None): "None"}
+
+
+def _accepts(kind: type, value) -> bool:
+    if kind is type(None) or kind is str or kind is bool:
+        return isinstance(value, kind)
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return numeric and (kind is float or isinstance(value, int))
+
+
+def _check_types(obj) -> None:
+    """Every field holds a value of its annotated type (a float field takes an integer too,
+    stored as a float); else a ConfigError naming the binding."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, kinds = getattr(obj, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+        if not any(_accepts(k, value) for k in kinds):
+            expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
+            raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {expected}")
+        if float in kinds and isinstance(value, int):
+            _set(obj, **{f.name: float(value)})
+
+
+def _field(default, help: str):
+    """A config field: its default and its one-line meaning (``--print_config`` shows it)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 def _set(obj, **kw) -> None:
     for k, v in kw.items():
         object.__setattr__(obj, k, v)
@@ -53,26 +82,34 @@ class Model:
     default to ``d_model // 4``.
     """
 
-    arch: str = "cola"
-    size: str = "small"
-    d_model: int | None = None
-    n_layers: int | None = None
-    n_heads: int | None = None
-    n_kv_heads: int | None = None
-    d_ff: int | None = None
-    rank: int | None = None
-    attn_rank: int | None = None
-    mlp_rank: int | None = None
-    vocab_size: int | None = None
-    tie_embeddings: bool | None = None
-    only_lr_act: bool | None = None  # CoLA MLP: True = down(gate*up), False = down(silu(gate)*up)
-    lax_gate: str = "identity"  # latent crossing gate: identity | dense | kronecker
-    lax_latent_norm: bool = False  # LayerNorm over the r-dim latent after crossing
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    init_std: float = 0.02  # embeddings and dense projections
+    arch: str = _field("cola", "projections: dense | svd (B A x) | cola (B silu(A x)) | lax "
+                       "(latent crossing)")
+    size: str = _field("small", "preset: " + " | ".join(PRESETS) + " | custom (no preset)")
+    d_model: int | None = _field(None, "hidden size (None: the preset's)")
+    n_layers: int | None = _field(None, "decoder blocks (None: the preset's)")
+    n_heads: int | None = _field(None, "attention heads (None: the preset's)")
+    n_kv_heads: int | None = _field(None, "key/value heads, grouped-query attention (None: the "
+                                    "preset's, or n_heads)")
+    d_ff: int | None = _field(None, "MLP hidden size (None: the preset's)")
+    rank: int | None = _field(None, "sets attn_rank and mlp_rank together")
+    attn_rank: int | None = _field(None, "rank of the q, k, v, o factors (None: rank, else "
+                                   "d_model // 4)")
+    mlp_rank: int | None = _field(None, "rank of the gate, up, down factors (None: rank, else "
+                                  "d_model // 4)")
+    vocab_size: int | None = _field(None, "embedding rows, >= the tokenizer's vocabulary (None: "
+                                    "the preset's)")
+    tie_embeddings: bool | None = _field(None, "share the input embedding with the output head "
+                                         "(None: the preset's)")
+    only_lr_act: bool | None = _field(None, "CoLA MLP: True = down(gate * up), False = "
+                                      "down(silu(gate) * up) (None: the preset's)")
+    lax_gate: str = _field("identity", "LaX latent-crossing gate: " + " | ".join(LAX_GATES))
+    lax_latent_norm: bool = _field(False, "LaX: LayerNorm over the r-wide latent after crossing")
+    rope_theta: float = _field(10000.0, "RoPE base frequency")
+    norm_eps: float = _field(1e-6, "RMSNorm epsilon")
+    init_std: float = _field(0.02, "initial std of embeddings and dense projections")
 
     def __post_init__(self):
+        _check_types(self)
         _check(self.arch in ARCHS, f"Model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
         _check(self.size in PRESETS or self.size == "custom",
                f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)} "
@@ -145,21 +182,27 @@ class Parallel:
     inside the layer loop (its gradients are reduce-scattered there).
     """
 
-    data: int = 2
-    pipe: int = 1
-    tensor: int = 4
-    tp_plan: str = "btp"
-    rmsnorm: str = "online"
-    norm_payload: str = "compute"
-    grouping: bool = True  # one GEMM (and collective) for the q/k/v or gate/up A factors
-    remat: str = "none"  # activation checkpointing: none | full | lowrank | lowrank_attn
-    microbatches: int = 1
-    pipeline_schedule: str = "gpipe"
-    pipeline_repeats: int = 1
-    grad_accum: int = 1
-    zero: int = 0
+    data: int = _field(2, "data-parallel degree (mesh axis 'data')")
+    pipe: int = _field(1, "pipeline stages (mesh axis 'pipe')")
+    tensor: int = _field(4, "tensor-parallel degree (mesh axis 'tensor')")
+    tp_plan: str = _field("btp", "tensor-parallel plan: " + " | ".join(TP_PLANS))
+    rmsnorm: str = _field("online", "btp: online (the norm statistic rides in the A factors' "
+                          "all-reduce) | sync (an all-reduce of its own)")
+    norm_payload: str = _field("compute", "btp online: dtype of the fused all-reduce, compute | "
+                               "float32")
+    grouping: bool = _field(True, "one GEMM (and collective) for the q/k/v and gate/up A "
+                            "factors")
+    remat: str = _field("none", "activation checkpointing: " + " | ".join(REMATS))
+    microbatches: int = _field(1, "pipeline microbatches per data shard and pipeline pass")
+    pipeline_schedule: str = _field("gpipe", "pipeline schedule: " + " | ".join(SCHEDULES))
+    pipeline_repeats: int = _field(1, "circular schedule: passes of each microbatch over the "
+                                   "stages")
+    grad_accum: int = _field(1, "gradient accumulation micro-steps per step")
+    zero: int = _field(0, "state layout over 'data': 0 replicated | 1 ZeRO-1 (optimizer state "
+                       "split) | 3 FSDP (parameters split too)")
 
     def __post_init__(self):
+        _check_types(self)
         for name in ("data", "pipe", "tensor", "microbatches", "pipeline_repeats", "grad_accum"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1,
@@ -211,32 +254,37 @@ class Parallel:
 class Train:
     """Optimisation, schedule, logging and checkpoint cadence (CoLA's recipe as defaults)."""
 
-    steps: int = 300
-    batch_size: int = 16  # global, in sequences
-    seq_len: int = 128
-    seed: int = 0
-    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype; parameters stay fp32
-    learning_rate: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int | None = None  # None = 10% of the schedule horizon
-    schedule_steps: int | None = None  # cosine horizon; None = steps
-    weight_decay: float = 0.01
-    grad_clip: float = 0.5
-    beta1: float = 0.9
-    beta2: float = 0.999
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    eval_every: int = 100
-    eval_batches: int = 4
-    log_every: int = 10
-    peak_tflops: float | None = None  # per-device peak for MFU; None = look up the device kind
-    #: a step whose loss or gradient norm is not finite is never applied; then ``stop``: end
-    #: the run (no checkpoint written over the last good one), ``skip``: go on with the next
-    #: batch, unless more than ``max_skips`` steps in a row were skipped
-    nonfinite: str = "stop"
-    max_skips: int = 10
+    steps: int = _field(300, "optimizer steps of the run")
+    batch_size: int = _field(16, "global batch, in sequences")
+    seq_len: int = _field(128, "tokens per sequence")
+    seed: int = _field(0, "seed of the initialisation and the data order")
+    dtype: str = _field("float32", "compute dtype: float32 | bfloat16 (parameters stay float32)")
+    learning_rate: float = _field(3e-3, "peak learning rate (AdamW)")
+    min_lr_ratio: float = _field(0.1, "final learning rate of the cosine, as a fraction of the "
+                                 "peak")
+    warmup_steps: int | None = _field(None, "linear warm-up steps (None: 10% of the schedule "
+                                      "horizon)")
+    schedule_steps: int | None = _field(None, "cosine horizon (None: steps); pin it to extend a "
+                                        "run")
+    weight_decay: float = _field(0.01, "AdamW weight decay")
+    grad_clip: float = _field(0.5, "clip the global gradient norm to this")
+    beta1: float = _field(0.9, "AdamW beta1")
+    beta2: float = _field(0.999, "AdamW beta2")
+    checkpoint_every: int = _field(100, "steps between checkpoints")
+    keep_checkpoints: int = _field(3, "newest checkpoints kept")
+    eval_every: int = _field(100, "steps between evaluations on the held-out split")
+    eval_batches: int = _field(4, "held-out batches per evaluation (0: no evaluation; fewer "
+                               "when the split is smaller)")
+    log_every: int = _field(10, "steps between progress lines")
+    peak_tflops: float | None = _field(None, "per-device peak TFLOP/s for MFU (None: looked up "
+                                       "from the device kind)")
+    nonfinite: str = _field("stop", "a step with a non-finite loss or gradient norm is never "
+                            "applied; then stop (end the run, no checkpoint over the last good "
+                            "one) | skip (go on, up to max_skips in a row)")
+    max_skips: int = _field(10, "nonfinite='skip': most steps skipped in a row")
 
     def __post_init__(self):
+        _check_types(self)
         _check(self.nonfinite in NONFINITE,
                f"Train.nonfinite={self.nonfinite!r} must be one of {', '.join(NONFINITE)}")
         _check(self.max_skips >= 0, f"Train.max_skips={self.max_skips} must be >= 0")
@@ -272,19 +320,20 @@ class Data:
     first use with ``tokenizer``).
     """
 
-    path: str = "bundled:shakespeare"
-    tokenizer: str = "bpe:4096"  # for bundled corpora: bpe:<vocab> | llama32k | spm:<file>
-    eval_fraction: float = 0.02  # for bundled corpora
-    worker_count: int = 0  # grain worker processes (0 = in-process)
-    cache_dir: str | None = None  # default: $BOOST_JAX_CACHE or ~/.cache/boost_jax
-    #: concat: windows over concatenated documents; document: whole documents packed into
-    #: rows, attention masked to each document (data/packing.py)
-    packing: str = "concat"
-    #: document packing: rows each packer fills first-fit; the global batch is cut into
-    #: groups of this many rows, packed independently (data/packing.py)
-    packing_bins: int = 64
+    path: str = _field("bundled:shakespeare", "a directory written by boost_jax.data.prepare, "
+                       "or bundled:<name> for a corpus shipped with the package")
+    tokenizer: str = _field("bpe:4096", "bundled corpora: bpe:<vocab> | llama32k | spm:<file>")
+    eval_fraction: float = _field(0.02, "bundled corpora: share of documents held out")
+    worker_count: int = _field(0, "grain worker processes (0: in-process)")
+    cache_dir: str | None = _field(None, "where bundled corpora are prepared (None: "
+                                   "$BOOST_JAX_CACHE or ~/.cache/boost_jax)")
+    packing: str = _field("concat", "concat (windows over concatenated documents) | document "
+                          "(whole documents packed into rows, attention masked to each)")
+    packing_bins: int = _field(64, "document packing: rows packed together (the global batch "
+                               "is cut into groups of this many)")
 
     def __post_init__(self):
+        _check_types(self)
         _check(self.packing_bins >= 1, f"Data.packing_bins={self.packing_bins} must be >= 1")
         _check(self.packing in PACKINGS,
                f"Data.packing={self.packing!r} must be one of {', '.join(PACKINGS)}")
@@ -339,35 +388,3 @@ class Config:
     def to_dict(self) -> dict:
         return {type(g).__name__: dataclasses.asdict(g)
                 for g in (self.model, self.parallel, self.train, self.data)}
-
-
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split("\n")[0].split())
-
-
-def parse_gin(files: Iterable[str] = (), bindings: Sequence[str] = (),
-              search_paths: Iterable[str] = ()) -> None:
-    """Parse gin files (as given, else under ``search_paths``) and bindings; a missing file or
-    an unknown configurable or parameter is a ConfigError."""
-    search_paths = list(search_paths)
-    for path in search_paths:
-        gin.add_config_file_search_path(path)  # for `include` inside the files
-    found = []
-    for name in files:
-        candidates = [Path(name)] + [Path(d) / name for d in search_paths]
-        hit = next((c for c in candidates if c.is_file()), None)
-        if hit is None:
-            raise ConfigError(f"gin file {name!r} not found (looked in ., "
-                              f"{', '.join(search_paths) or 'nowhere else'})")
-        found.append(str(hit))
-    try:
-        gin.parse_config_files_and_bindings(found, list(bindings))
-    except (ValueError, KeyError, OSError, SyntaxError) as err:  # gin raises these on bad input
-        raise ConfigError(f"gin: {_one_line(err)}") from None
-
-
-def load_config(**overrides) -> Config:
-    """Build the validated :class:`Config` from the parsed gin bindings (plus ``overrides``)."""
-    groups = {"model": Model, "parallel": Parallel, "train": Train, "data": Data}
-    made = {k: overrides.get(k) or cls() for k, cls in groups.items()}
-    return Config(**made)

@@ -2,7 +2,7 @@
 # Single-host launcher: one process driving every local device (all GPUs of this host, or
 # simulated CPU devices when there is no accelerator).
 #
-#   launch/train.sh --workdir=runs/cola --gin_file=configs/cola_small.gin [more train flags]
+#   launch/train.sh --gin_file=paper/7b_tp4.gin --workdir=runs/7b [more train flags]
 #
 # It enables the persistent compilation cache and, on GPU hosts, the XLA flags that let
 # collectives overlap with compute. Any variable already set in the environment wins.

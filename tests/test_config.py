@@ -2,7 +2,8 @@
 
 import pytest
 
-from boost_jax.config import ConfigError, Data, Model, Parallel, Train, load_config, parse_gin
+from boost_jax.config import ConfigError, Data, Model, Parallel, Train
+from boost_jax.gin_io import load_config, parse_gin
 
 
 def _err(fn) -> str:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from boost_jax.config import load_config, parse_gin
+from boost_jax.gin_io import load_config, parse_gin
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.gin"))

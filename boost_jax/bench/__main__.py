@@ -3,6 +3,7 @@ data, checkpoint."""
 
 from absl import app, flags
 
+from boost_jax import cli
 from boost_jax.bench import checkpoint, data, model, remat, step, tp, zero
 from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
@@ -45,11 +46,12 @@ def define_flags() -> None:
 
 def main(argv):
     if len(argv) < 2 or argv[1] not in BENCHMARKS:
-        raise app.UsageError(f"usage: python -m boost_jax.bench {{{'|'.join(BENCHMARKS)}}} "
-                             "[flags]")
+        given = f"unknown benchmark {argv[1]!r}" if len(argv) > 1 else "no benchmark named"
+        raise app.UsageError(f"{given}; usage: python -m boost_jax.bench "
+                             f"{{{'|'.join(BENCHMARKS)}}} [flags]")
     return BENCHMARKS[argv[1]](argv[1:])
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run_app("bench", main)

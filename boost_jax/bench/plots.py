@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 COMPUTE = ("gemm", "attention", "elementwise", "optimizer")
 COMMUNICATION = ("tp", "pp", "dp")
@@ -68,19 +69,51 @@ def scaling(rows: list[dict], path: Path, hardware: str) -> None:
     plt.close(fig)
 
 
-def loss_curves(runs: dict[str, Path], path: Path, metric: str = "loss") -> None:
-    """Overlay ``metric`` against step from several runs' ``metrics.jsonl``."""
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for label, workdir in runs.items():
-        rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text()
-                .splitlines() if line.strip()]
-        points = [(r["step"], r[metric]) for r in rows if metric in r]
-        if not points:
-            raise ValueError(f"{workdir}/metrics.jsonl has no {metric!r} entries")
-        ax.plot(*zip(*points), label=label, linewidth=1.2)
+METRIC_AXES = {"loss": "loss (nats/token)", "eval_loss": "eval loss (nats/token)",
+               "eval_ppl": "eval perplexity (exp of the eval loss)",
+               "grad_norm": "gradient norm (L2, before clipping)", "lr": "learning rate",
+               "step_time": "step time (s)", "tokens_per_sec": "throughput (tokens/s)",
+               "tflops_per_device": "model TFLOP/s per device",
+               "mfu": "MFU (fraction of peak FLOP/s)", "nonfinite": "non-finite step (1 = yes)"}
+
+
+def loss_curves(runs: dict[str, list[dict]], metric: str = "loss", title: str = "") -> Figure:
+    """``metric`` against step for several runs' ``metrics.jsonl`` entries (``{label: rows}``),
+    one colour per run: train values as a line, ``eval_<metric>`` values (the eval loss for
+    ``loss``) as markers of the same colour; an ``eval_*`` metric is markers on a line. Rows
+    without a finite number under the key are skipped; raises ValueError when no run has any.
+    The caller saves the returned figure (``fig.savefig(path)``)."""
+
+    def points(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+        pairs = sorted((r["step"], r[key]) for r in rows
+                       if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]))
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    fig = Figure(figsize=(7, 4.2 + 0.18 * title.count("\n")))
+    ax = fig.add_subplot()
+    several = len(runs) > 1
+    plotted = False
+    for i, (label, rows) in enumerate(runs.items()):
+        color, name = f"C{i % 10}", f"{label} " if several else ""
+        steps, values = points(rows, metric)
+        if metric.startswith("eval_"):  # evals only: markers joined by a line
+            ax.plot(steps, values, "o-", color=color, markersize=4, linewidth=1.2,
+                    label=f"{name}eval")
+            plotted |= bool(steps)
+            continue
+        if steps:
+            ax.plot(steps, values, "-", color=color, linewidth=1.2, label=f"{name}train")
+        eval_steps, eval_values = points(rows, f"eval_{metric}")
+        if eval_steps:
+            ax.plot(eval_steps, eval_values, "o", color=color, markersize=6,
+                    markeredgecolor="black", markeredgewidth=0.8, label=f"{name}eval")
+        plotted |= bool(steps or eval_steps)
+    if not plotted:
+        raise ValueError(f"no run has {metric!r} entries")
     ax.set_xlabel("step")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(METRIC_AXES.get(metric, metric))
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

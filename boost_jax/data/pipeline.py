@@ -31,6 +31,7 @@ from pathlib import Path
 
 import grain
 import numpy as np
+from absl import logging
 
 from boost_jax.config import ConfigError, Data
 from boost_jax.data.packing import DocumentPieces, packed_batches
@@ -172,6 +173,11 @@ def open_dataset_on_all(data: Data) -> Dataset:
     return first if first is not None else open_dataset(data)
 
 
+def _no_eval(ds: Dataset, why: str) -> None:
+    logging.warning("no evaluation: the eval split of %s is too small (%s); prepare it with a "
+                    "larger eval fraction, or lower Train.batch_size", ds.path, why)
+
+
 def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:
     return ConfigError(f"Data.path={str(ds.path)!r}: the {split} split {what}; {fix}")
 
@@ -185,14 +191,16 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
         pieces = ds.pieces("train", seq_len)
         if len(pieces) < global_batch:
             raise _too_short(ds, "train", f"has {len(pieces)} documents, fewer than "
-                             f"Train.batch_size={global_batch}", "use a larger corpus")
+                             f"Train.batch_size={global_batch}", "lower Train.batch_size to "
+                             f"at most {len(pieces)} or use a larger corpus")
         it = packed_batches(pieces, global_batch, rows, seed, ds.data.packing_bins)
     else:
         windows = ds.windows("train", seq_len)
         if len(windows) < global_batch:
             raise _too_short(ds, "train", f"has {len(windows)} windows of {seq_len + 1} tokens, "
                              f"fewer than Train.batch_size={global_batch}",
-                             "use a larger corpus")
+                             f"lower Train.batch_size to at most {len(windows)} or "
+                             "Train.seq_len, or use a larger corpus")
         stream = grain.MapDataset.source(windows).seed(seed).shuffle().repeat(None)
         local = grain.MapDataset.range(0, _ENDLESS).map(_ProcessRows(stream, global_batch, rows))
         local = local.batch(rows[1] - rows[0], drop_remainder=True)
@@ -205,24 +213,24 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
 def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
                  rows: tuple[int, int] | None = None) -> list[dict[str, np.ndarray]]:
     """This process's ``rows`` (default: all) of the first ``n_batches`` global eval batches
-    (fewer if the split is short; an error if it cannot fill one)."""
+    (fewer if the split is short; none, with a warning, if it cannot fill one)."""
     rows = rows or (0, global_batch)
     if n_batches <= 0:
         return []
-    fix = "lower Train.eval_batches or raise the eval fraction"
     if ds.data.packing == "document":
         pieces = ds.pieces("eval", seq_len)
         out = list(itertools.islice(
             packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), n_batches))
         if not out:
-            raise _too_short(ds, "eval", f"cannot fill one batch of {global_batch} packed "
-                             "rows", fix)
+            _no_eval(ds, f"its {len(pieces)} documents cannot fill one batch of {global_batch} "
+                     "packed rows")
         return out
     windows = ds.windows("eval", seq_len)
     n = min(n_batches, len(windows) // global_batch)
     if n == 0:
-        raise _too_short(ds, "eval", f"({len(windows)} windows) cannot fill one batch of "
-                         f"{global_batch}", fix)
+        _no_eval(ds, f"its {len(windows)} windows of {seq_len + 1} tokens cannot fill one "
+                 f"batch of Train.batch_size={global_batch}")
+        return []
     pick = _ProcessRows(windows, global_batch, rows)
     out = []
     for b in range(n):

@@ -1,5 +1,8 @@
 """``python -m boost_jax.data.prepare``: a text corpus -> a sharded, tokenized dataset, streamed in
-bounded memory and resumable after a kill.
+bounded memory and resumable after a kill::
+
+    python -m boost_jax.data.prepare --input=c4/en --output=data/c4 --tokenizer=llama32k
+    python -m boost_jax.data.prepare --verify=data/c4
 
 Output directory (format 2)::
 
@@ -19,11 +22,37 @@ the chunk with ``--seed``) and a shard is ``chunks_per_shard`` chunks, so what a
 depends on the inputs alone.
 
 Memory is bounded whatever the corpus size: ``workers`` processes tokenize chunks with at most
-``2 workers`` chunks in flight, and tokens go to disk as they arrive. Everything is written
-into ``.<output>.partial/`` beside the output; a shard is finished when its ``<k>.json`` record
-(sizes and CRC-32 checksums) exists. A killed run, restarted with the same arguments, keeps the
-finished shards and redoes only the rest; the directory is renamed to ``output`` when complete,
-so a half-written dataset is never used. ``--verify`` checks a dataset's checksums.
+``2 workers`` chunks in flight, and tokens go to disk as they arrive.
+
+Resuming and replacing. Everything is written into ``.<output>.partial/`` beside the output; a
+shard is finished when its ``<k>.json`` record (sizes and CRC-32 checksums) exists, and the
+directory is renamed to ``output`` only when complete, so a half-written dataset is never used.
+
+* An unfinished run restarted with the same arguments keeps its finished shards and redoes only
+  the rest.
+* An unfinished run with other arguments (tokenizer, inputs, seed, ...) is refused: its shards
+  belong to another dataset. Rerun with its arguments to finish it, or pass ``--overwrite`` to
+  discard it and start over.
+* An output that holds a prepared dataset is refused. ``--overwrite`` replaces it: the new
+  dataset is built in ``.<output>.partial/`` while the old one stays readable, then swapped in
+  (the old one is renamed to ``.<output>.old/`` and deleted; between the two renames the output
+  is briefly absent, never half-written). A failed or killed ``--overwrite`` leaves the old
+  dataset intact, and rerunning it resumes. A directory that holds anything else is never
+  replaced.
+
+Errors. A user-caused failure (a missing, unreadable or malformed input, a corpus without text,
+a bad tokenizer spec, an output that cannot be written or is taken, a bad flag) prints one line
+``boost_jax.data.prepare: error: <what is wrong and what to do>`` on stderr and exits with code
+2. They are checked before anything is written; one found only later (a malformed line deep in
+the corpus) removes the work directory this run created. ``BOOST_JAX_DEBUG=1`` raises it with
+its traceback instead. A full disk is one line too and, like Ctrl-C (exit code 130), keeps the
+finished shards for a rerun.
+
+Progress: when stderr is a terminal and preparing takes more than a second, a bar shows the
+input read and the tokens written. A bundled corpus prepared on first use
+(:func:`ensure_bundled`) says what it prepares and where in one line, then shows the same bar.
+
+``--verify=DIR`` checks a dataset's checksums (exit code 1 when it finds a problem).
 """
 
 from __future__ import annotations
@@ -31,82 +60,166 @@ from __future__ import annotations
 import bz2
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
+import functools
 import gzip
+import io
 import json
 import lzma
 import multiprocessing
 import os
 import shutil
+import signal
+import sys
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from tqdm import tqdm
 
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.data.corpus import corpus_path
 
+if TYPE_CHECKING:
+    from absl.flags import FlagValues
+
+PROG = "boost_jax.data.prepare"
 FORMAT_VERSION = 2
 MIB = 2**20
 _OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
+TOKENIZER_SPECS = "bpe:<vocab size>, llama32k, spm:<file.model> or hf:<tokenizer.json>"
 
 
+class PrepareError(ValueError):
+    """A user-caused failure (bad input, tokenizer spec or output): its message is one line
+    that says what is wrong and what to do. The command prints it instead of a traceback."""
+
+
+# --- reading --------------------------------------------------------------------------------
 def _files(paths: Sequence[str | Path]) -> list[Path]:
+    """The input files named by ``paths``: directories expanded (sorted), a Hugging Face
+    ``save_to_disk`` directory to its Arrow files."""
     out = []
     for p in map(Path, paths):
         if p.is_dir() and (p / "state.json").is_file() and (p / "dataset_info.json").is_file():
             # a Hugging Face dataset saved with save_to_disk: its Arrow files, in order
-            state = json.loads((p / "state.json").read_text())
-            out.extend(p / f["filename"] for f in state["_data_files"])
+            try:
+                state = json.loads((p / "state.json").read_text())
+                out.extend(p / f["filename"] for f in state["_data_files"])
+            except (ValueError, KeyError, TypeError) as err:
+                raise PrepareError(f"{p / 'state.json'}: not a Hugging Face save_to_disk state "
+                                   f"file ({err!r})") from err
         elif p.is_dir():
             out.extend(sorted(f for f in p.rglob("*") if f.is_file()))
         elif p.is_file():
             out.append(p)
         else:
-            raise FileNotFoundError(f"input {p} does not exist")
+            raise PrepareError(f"input {p} does not exist; check --input")
     if not out:
-        raise FileNotFoundError(f"no input files in {', '.join(map(str, paths))}")
+        raise PrepareError(f"no input files in {', '.join(map(str, paths))}; check --input")
     return out
 
 
-def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> Iterator[str]:
-    """Yield the documents of every input file, streaming (see the module docstring)."""
+class _Counted(io.RawIOBase):
+    """A binary file that tells ``on_read`` the size of every read: the progress bar counts
+    the bytes of the input files as they are (compressed or not)."""
+
+    def __init__(self, raw, on_read: Callable[[int], None]):
+        self.raw, self.on_read = raw, on_read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        n = self.raw.readinto(buffer)
+        self.on_read(n or 0)
+        return n
+
+
+def read_documents(paths: Sequence[str | Path], text_field: str = "text",
+                   on_read: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Yield the documents of every input file, streaming (see the module docstring).
+
+    ``on_read(n)``: told the number of bytes of every read from the files (the progress bar).
+    A missing, unreadable or malformed input raises :class:`PrepareError` naming it.
+    """
+    count = on_read or (lambda n: None)
     for path in _files(paths):
-        suffixes = path.suffixes
-        opener = _OPENERS.get(suffixes[-1] if suffixes else "", open)
-        base = suffixes[-2] if opener is not open and len(suffixes) > 1 else path.suffix
-        if path.suffix == ".arrow":
-            yield from _arrow_documents(path, text_field)
-            continue
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        try:
+            if path.suffix == ".arrow":
+                yield from _arrow_documents(path, text_field)
+                count(path.stat().st_size)
+            else:
+                yield from _file_documents(path, text_field, count)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
+            raise PrepareError(f"{path}: cannot read it ({err})") from err
+
+
+def _file_documents(path: Path, text_field: str, count: Callable[[int], None]) -> Iterator[str]:
+    """A text file's one document, or a JSONL file's ``text_field`` of every line."""
+    suffixes = path.suffixes
+    opener = _OPENERS.get(suffixes[-1] if suffixes else "")
+    base = suffixes[-2] if opener and len(suffixes) > 1 else path.suffix
+    with open(path, "rb", buffering=0) as raw:
+        binary = io.BufferedReader(_Counted(raw, count), 64 * 1024)
+        with io.TextIOWrapper(opener(binary) if opener else binary, encoding="utf-8",
+                              errors="replace") as f:
             if base in (".jsonl", ".json"):
                 for n, line in enumerate(f, 1):
                     if line.strip():
-                        record = json.loads(line)
-                        if text_field not in record:
-                            raise KeyError(f"{path}:{n}: no field {text_field!r}")
-                        yield record[text_field]
+                        yield _jsonl_text(path, n, line, text_field)
             else:
                 yield f.read()
 
 
+def _jsonl_text(path: Path, n: int, line: str, text_field: str) -> str:
+    """The ``text_field`` of line ``n`` of a JSONL file."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise PrepareError(f"{path}:{n}: not valid JSON ({err.msg}); a .jsonl or .json file "
+                           "must hold one JSON object per line") from None
+    if not isinstance(record, dict):
+        raise PrepareError(f"{path}:{n}: {line.strip()[:40]!r} is not a JSON object; a .jsonl "
+                           "or .json file must hold one JSON object per line")
+    if text_field not in record:
+        raise PrepareError(f"{path}:{n}: no field {text_field!r} (fields: "
+                           f"{', '.join(record) or 'none'}); name the text's with "
+                           "--text_field=<field>")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise PrepareError(f"{path}:{n}: field {text_field!r} holds {json.dumps(text)[:40]}, "
+                           "not a string; name the text's field with --text_field")
+    return text
+
+
 def _arrow_documents(path: Path, text_field: str) -> Iterator[str]:
     """The ``text_field`` column of an Arrow IPC stream file (what ``datasets``'
-    ``save_to_disk`` writes), a record batch at a time."""
+    ``save_to_disk`` writes), a record batch at a time; null values are empty documents."""
     try:
         import pyarrow as pa
     except ImportError:
-        raise ImportError(f"{path}: reading Arrow files (a Hugging Face dataset saved with "
-                          "save_to_disk) needs pyarrow: pip install pyarrow") from None
-    with pa.memory_map(str(path)) as source:
-        reader = pa.ipc.open_stream(source)
-        if text_field not in reader.schema.names:
-            raise KeyError(f"{path}: no column {text_field!r} (columns: "
-                           f"{', '.join(reader.schema.names)})")
-        for batch in reader:
-            yield from batch.column(text_field).to_pylist()
+        raise PrepareError(f"{path}: reading Arrow files (a Hugging Face dataset saved with "
+                           "save_to_disk) needs pyarrow: pip install pyarrow") from None
+    try:
+        with pa.memory_map(str(path)) as source:
+            reader = pa.ipc.open_stream(source)
+            if text_field not in reader.schema.names:
+                raise PrepareError(f"{path}: no column {text_field!r} (columns: "
+                                   f"{', '.join(reader.schema.names)}); name the text's with "
+                                   "--text_field=<column>")
+            kind = reader.schema.field(text_field).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                raise PrepareError(f"{path}: column {text_field!r} holds {kind}, not strings; "
+                                   "name the text's column with --text_field")
+            for batch in reader:
+                yield from (t for t in batch.column(text_field).to_pylist() if t is not None)
+    except pa.ArrowException as err:
+        raise PrepareError(f"{path}: not a readable Arrow stream file ({err})") from err
 
 
 def chunks(docs: Iterator[str], chunk_bytes: int) -> Iterator[list[str]]:
@@ -132,14 +245,27 @@ def _init_worker(tokenizer_dir: str, worker: bool = True) -> None:
     global _TOKENIZER
     if worker:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the main process alone
     _TOKENIZER = tokenizers.load(tokenizer_dir)
 
 
-def _tokenize(index: int, docs: list[str], seed: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Chunk ``index`` -> (tokens, document lengths); documents shuffled, each + eos."""
+def _tokenize(index: int, docs: list[str], seed: int, dtype: str,
+              on_progress: Callable[[float], None] | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk ``index`` -> (tokens, document lengths); documents shuffled, each + eos.
+
+    ``on_progress(fraction)``: told the share of the chunk's documents done, up to 16 times
+    (the progress bar of an in-process run; a worker tokenizes its chunk in one call). A slice
+    keeps at least one document per core: the tokenizers' batches run in parallel.
+    """
     tok = _TOKENIZER
     order = np.random.default_rng([seed, index]).permutation(len(docs))
-    ids = tok.encode_batch([docs[i] for i in order])
+    step = len(docs) if on_progress is None else max(-(-len(docs) // 16), os.cpu_count() or 1)
+    ids = []
+    for start in range(0, len(docs), step):
+        ids += tok.encode_batch([docs[i] for i in order[start:start + step]])
+        if on_progress is not None:
+            on_progress(len(ids) / len(docs))
     lengths = np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
     tokens = np.empty(int(lengths.sum()), dtype)
     pos = 0
@@ -164,11 +290,14 @@ def _pool(workers: int, tokenizer_dir: Path):
 
 
 def _tokenized(pool, work: Iterator[tuple[int, list[str]]], seed: int, dtype: str,
-               in_flight: int) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
-    """``(index, tokenize(chunk))`` in order, with at most ``in_flight`` chunks submitted."""
+               in_flight: int, on_progress: Callable[[int, float], None] | None = None
+               ) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
+    """``(index, tokenize(chunk))`` in order, with at most ``in_flight`` chunks submitted.
+    In this process (no pool), ``on_progress(index, fraction)`` follows each chunk."""
     if pool is None:
         for index, docs in work:
-            yield index, _tokenize(index, docs, seed, dtype)
+            report = functools.partial(on_progress, index) if on_progress else None
+            yield index, _tokenize(index, docs, seed, dtype, report)
         return
     pending: list[tuple[int, concurrent.futures.Future]] = []
     for index, docs in work:
@@ -241,55 +370,235 @@ def _finished(shard_dir: Path, itemsize: int) -> dict[int, dict]:
     return done
 
 
+# --- checks, before anything is written -------------------------------------------------------
+def _work_dir(output: Path) -> Path:
+    """Where a run writes until it is complete: ``.<output>.partial`` beside the output."""
+    return output.parent / f".{output.name}.partial"
+
+
+def _check_tokenizer(spec: str) -> None:
+    """Refuse a tokenizer spec that :func:`tokenizers.build` would fail on, and a model file
+    that does not load."""
+    kind, _, arg = spec.partition(":")
+    if kind == "bpe":
+        if not (arg.isdigit() and int(arg) >= 260):
+            raise PrepareError(f"tokenizer {spec!r}: the vocabulary size must be a whole number "
+                               ">= 260 (256 bytes, end-of-text and merges), e.g. bpe:4096")
+        return
+    if kind == "llama32k" and not arg:
+        return
+    if kind not in ("spm", "hf") or not arg:
+        raise PrepareError(f"unknown tokenizer {spec!r}; use {TOKENIZER_SPECS}")
+    path = Path(arg)
+    if not path.is_file():
+        raise PrepareError(f"tokenizer {spec!r}: no file {path}; use {TOKENIZER_SPECS}")
+    cls, what = ((tokenizers.SentencePieceTokenizer, "a SentencePiece .model") if kind == "spm"
+                 else (tokenizers.HFTokenizer, "a Hugging Face tokenizer.json"))
+    try:
+        cls(path)
+    except Exception as err:  # noqa: BLE001 -- the libraries raise many kinds for a bad file
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PrepareError(f"tokenizer {spec!r}: {path} is not {what} file that loads "
+                           f"({reason})") from err
+
+
+def _describe(path: Path) -> str:
+    """``'1,234 train + 25 eval tokens, tokenizer bpe:4096'`` of a prepared dataset."""
+    try:
+        meta = read_manifest(path)
+        parts = [f"{meta['train_tokens']:,} train + {meta['eval_tokens']:,} eval tokens",
+                 f"tokenizer {meta['tokenizer']}"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its manifest is unreadable"
+    return ", ".join(parts)
+
+
+def _is_dataset(path: Path) -> bool:
+    return (path / "manifest.json").is_file() or (path / "meta.json").is_file()
+
+
+def _previous_args(work: Path) -> dict | None:
+    """The arguments of the unfinished run in ``work`` (``{}`` when unreadable), or None."""
+    if not (work / "args.json").is_file():
+        return None
+    try:
+        return json.loads((work / "args.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _check_output(output: Path, args: dict, overwrite: bool) -> None:
+    """Refuse an output that is taken or cannot be written, and an unfinished run of other
+    arguments unless ``overwrite``."""
+    if output.exists() and not output.is_dir():
+        raise PrepareError(f"output {output} exists and is not a directory; choose another "
+                           "--output")
+    if output.is_dir() and _is_dataset(output):
+        if not overwrite:
+            raise PrepareError(f"{output} already holds a prepared dataset ({_describe(output)}); "
+                               "pass --overwrite to replace it")
+    elif output.is_dir() and any(output.iterdir()):
+        raise PrepareError(f"output {output} is a directory that holds other files, not a "
+                           "prepared dataset; choose another --output (never replaced, even "
+                           "with --overwrite)")
+    ancestor = output.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise PrepareError(f"cannot create {output}: {ancestor} is not a directory; choose "
+                           "another --output")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PrepareError(f"cannot create {output}: {ancestor} is not writable; choose an "
+                           "--output in a directory you can write to")
+    work = _work_dir(output)
+    before = _previous_args(work)
+    if before is not None and before != args and not overwrite:
+        changed = [f"{k}={before.get(k)!r} there, {v!r} now" for k, v in args.items()
+                   if before.get(k) != v]
+        raise PrepareError(f"{work} holds an unfinished run with other arguments "
+                           f"({'; '.join(changed) or 'args.json'}); rerun with those to finish "
+                           "it, or pass --overwrite to discard it and start over")
+
+
+def _check_inputs(inputs: Sequence[str | Path], output: Path, text_field: str) -> list[Path]:
+    """The input files, once each is known to be readable, the output not inside an input
+    directory (it would be read as input) and some document known to hold text (reading up
+    to the first that does)."""
+    files = _files(inputs)
+    for p in map(Path, inputs):
+        where = Path(os.path.abspath(p))
+        if where.is_dir() and (output.is_relative_to(where)
+                               or _work_dir(output).is_relative_to(where)):
+            raise PrepareError(f"the output {output} is inside the input directory {p}, which "
+                               "would read the output as input; choose an --output outside it")
+    for f in files:
+        if not f.is_file() or not os.access(f, os.R_OK):
+            raise PrepareError(f"input file {f} is missing or not readable")
+    documents = 0
+    with contextlib.closing(read_documents(files, text_field)) as docs:
+        for doc in docs:
+            if doc.strip():
+                return files
+            documents += 1
+    raise PrepareError(f"no text to prepare in {', '.join(map(str, inputs))} (files: "
+                       f"{len(files)}, documents: {documents}, all empty or blank); check --input")
+
+
+def _check_numbers(eval_fraction: float, chunk_mb: float, chunks_per_shard: int,
+                   tokenizer_sample_mb: float) -> None:
+    """Refuse numbers outside their ranges (a run would fail, or hold no train split)."""
+    for ok, what in ((0 <= eval_fraction < 1, f"--eval_fraction={eval_fraction} must be in "
+                      "[0, 1)"),
+                     (chunk_mb > 0, f"--chunk_mb={chunk_mb} must be > 0"),
+                     (chunks_per_shard >= 1, f"--chunks_per_shard={chunks_per_shard} must be "
+                      ">= 1"),
+                     (tokenizer_sample_mb > 0, f"--tokenizer_sample_mb={tokenizer_sample_mb} "
+                      "must be > 0")):
+        if not ok:
+            raise PrepareError(what)
+
+
+# --- the run ----------------------------------------------------------------------------------
 def prepare(inputs: Sequence[str | Path], output: str | Path, tokenizer: str = "bpe:4096",
             eval_fraction: float = 0.02, seed: int = 0, text_field: str = "text",
             workers: int = 0, chunk_mb: float = 4.0, chunks_per_shard: int = 64,
-            tokenizer_sample_mb: float = 64.0, log=None) -> dict:
+            tokenizer_sample_mb: float = 64.0, log: Callable[[str], None] | None = None, *,
+            overwrite: bool = False, progress: bool = True) -> dict:
     """Tokenize ``inputs`` into ``output`` (see the module docstring); returns the manifest.
 
     ``workers``: tokenizer processes (0: in this process). ``tokenizer_sample_mb``: how much
-    text trains a ``bpe:<n>`` tokenizer (the first documents of the stream).
+    text trains a ``bpe:<n>`` tokenizer (the first documents of the stream). ``overwrite``:
+    replace a prepared dataset at ``output`` (built beside it, swapped in when complete), or
+    discard an unfinished run of other arguments. ``progress``: a bar on stderr (when it is a
+    terminal and the run takes over a second). A user-caused failure raises
+    :class:`PrepareError`, before anything is written when it can be known then.
     """
-    output = Path(output)
-    if (output / "manifest.json").exists() or (output / "meta.json").exists():
-        raise FileExistsError(f"{output} already holds a prepared dataset")
-    work = output.parent / f".{output.name}.partial"
-    shard_dir = work / "shards"
-    shard_dir.mkdir(parents=True, exist_ok=True)
+    output = Path(os.path.abspath(output))
+    work = _work_dir(output)
     args = dict(inputs=[str(p) for p in inputs], tokenizer=tokenizer,
                 eval_fraction=eval_fraction, seed=seed, text_field=text_field,
                 chunk_mb=chunk_mb, chunks_per_shard=chunks_per_shard)
-    if (work / "args.json").exists() and json.loads((work / "args.json").read_text()) != args:
-        raise ValueError(f"{work} holds a partial run with other arguments; remove it to start "
-                         "over")
+    _check_numbers(eval_fraction, chunk_mb, chunks_per_shard, tokenizer_sample_mb)
+    _check_tokenizer(tokenizer)
+    _check_output(output, args, overwrite)
+    files = _check_inputs(inputs, output, text_field)
+    # everything checked: from here on, the run writes
+    if _previous_args(work) not in (None, args):
+        shutil.rmtree(work)  # an unfinished run of other arguments, discarded (overwrite)
+    created = not work.exists()
+    try:
+        return _build(files, output, work, args, workers, tokenizer_sample_mb, log, progress)
+    except PrepareError:  # an input found malformed late: no trace of this run is left
+        if created:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int,
+           sample_mb: float, log: Callable[[str], None] | None, progress: bool) -> dict:
+    """The run itself, in ``work``, published to ``output`` when complete."""
+    shard_dir = work / "shards"
+    shard_dir.mkdir(parents=True, exist_ok=True)
     _write_json(work / "args.json", args)
     if (work / "manifest.json").exists():  # killed between the manifest and the rename
         return _publish(work, output)
     for stale in shard_dir.glob("*.tmp*"):
         stale.unlink()
-    tok = _tokenizer(tokenizer, inputs, text_field, work, tokenizer_sample_mb)
+    text_field, seed = args["text_field"], args["seed"]
+    chunk_bytes, per_shard = int(args["chunk_mb"] * MIB), args["chunks_per_shard"]
+    tok = _tokenizer(args["tokenizer"], files, text_field, work, sample_mb, log)
     dtype = np.dtype(np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32)
     done = _finished(shard_dir, dtype.itemsize)
     if done and log:
         log(f"resuming: {len(done)} finished shards kept")
-    stream = enumerate(chunks(read_documents(inputs, text_field), int(chunk_mb * MIB)))
-    todo = ((i, docs) for i, docs in stream if i // chunks_per_shard not in done)
-    records, writer = dict(done), None
-    with _pool(workers, work) as pool:
-        for index, (tokens, lengths) in _tokenized(pool, todo, seed, dtype.name,
-                                                    2 * max(workers, 1)):
-            shard = index // chunks_per_shard
+
+    # the progress bar counts input bytes: chunk i spans input bytes positions[i] = (begin, end)
+    read, positions = 0, {}
+
+    def count(n: int) -> None:
+        nonlocal read
+        read += n
+
+    def todo() -> Iterator[tuple[int, list[str]]]:
+        begin = 0
+        for i, docs in enumerate(chunks(read_documents(files, text_field, count), chunk_bytes)):
+            if i // per_shard not in done:
+                positions[i] = (begin, read)
+                yield i, docs
+            begin = read
+
+    def within(index: int, fraction: float) -> None:  # in-process: a part of chunk index done
+        begin, end = positions[index]
+        bar.update(int(begin + fraction * (end - begin)) - bar.n)
+
+    total = sum(f.stat().st_size for f in files)
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="tokenizing",
+               delay=1, file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
+
+    def say(message: str) -> None:
+        if log:
+            with tqdm.external_write_mode(file=sys.stderr):
+                log(message)
+
+    records, writer, tokens = dict(done), None, 0
+    with bar, _pool(workers, work) as pool:
+        for index, (ids, lengths) in _tokenized(pool, todo(), seed, dtype.name,
+                                                 2 * max(workers, 1), within):
+            shard = index // per_shard
             if writer is not None and writer.index != shard:
                 records[writer.index] = writer.close()
-                if log:
-                    log(f"shard {writer.index}: {writer.tokens:,} tokens")
+                say(f"shard {writer.index}: {writer.tokens:,} tokens")
             if writer is None or writer.index != shard:
-                writer = _ShardWriter(shard_dir, shard, eval_fraction)
-            writer.write(tokens, lengths)
+                writer = _ShardWriter(shard_dir, shard, args["eval_fraction"])
+            writer.write(ids, lengths)
+            tokens += len(ids)
+            bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
+            bar.update(positions.pop(index)[1] - bar.n)
         if writer is not None:
             records[writer.index] = writer.close()
+        bar.update(read - bar.n)
     if not records:
-        raise ValueError(f"no text in {', '.join(map(str, inputs))}")
+        raise PrepareError(f"no text to prepare in {', '.join(args['inputs'])}")
     shards = [records[k] for k in sorted(records)]
     manifest = dict(format=FORMAT_VERSION, tokenizer_kind=tok.kind,
                     vocab_size=tok.vocab_size, eos_id=tok.eos_id, dtype=dtype.name,
@@ -301,14 +610,25 @@ def prepare(inputs: Sequence[str | Path], output: str | Path, tokenizer: str = "
 
 
 def _publish(work: Path, output: Path) -> dict:
-    """Rename the finished work directory to ``output`` (atomic); returns the manifest."""
-    if output.exists():
-        output.rmdir()  # an empty directory only: a prepared one was refused above
-    os.replace(work, output)
+    """Move the finished work directory to ``output``; returns the manifest. Renames only, so
+    a reader finds the old dataset, then (after an instant without one) the new one, never a
+    part of either. A dataset being replaced (``overwrite``) goes to ``.<output>.old`` first
+    and is deleted last."""
+    if output.is_dir() and _is_dataset(output):
+        old = output.parent / f".{output.name}.old"
+        shutil.rmtree(old, ignore_errors=True)  # left by a run killed right here
+        os.replace(output, old)
+        os.replace(work, output)
+        shutil.rmtree(old)
+    else:
+        if output.exists():
+            output.rmdir()  # an empty directory only: others were refused
+        os.replace(work, output)
     return json.loads((output / "manifest.json").read_text())
 
 
-def _tokenizer(spec: str, inputs, text_field: str, work: Path, sample_mb: float):
+def _tokenizer(spec: str, files: list[Path], text_field: str, work: Path, sample_mb: float,
+               log: Callable[[str], None] | None):
     """The tokenizer of a run: reused from an interrupted one, else built (a ``bpe:<n>`` is
     trained on the first ``sample_mb`` MiB of documents)."""
     with contextlib.suppress(FileNotFoundError):
@@ -316,12 +636,14 @@ def _tokenizer(spec: str, inputs, text_field: str, work: Path, sample_mb: float)
 
     def sample():
         size = 0
-        for doc in read_documents(inputs, text_field):
+        for doc in read_documents(files, text_field):
             if doc.strip():
                 yield doc
                 size += len(doc)
                 if size >= sample_mb * MIB:
                     return
+    if log and spec.startswith("bpe:"):
+        log(f"training the {spec} tokenizer on the first {sample_mb:g} MiB of text")
     tmp = work / "tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -333,8 +655,11 @@ def _tokenizer(spec: str, inputs, text_field: str, work: Path, sample_mb: float)
 
 def verify(path: str | Path) -> list[str]:
     """The problems of a prepared dataset (missing files, wrong sizes or checksums); empty
-    when it is intact."""
+    when it is intact. A directory without a format-2 manifest raises :class:`PrepareError`."""
     path = Path(path)
+    if not (path / "manifest.json").is_file():
+        raise PrepareError(f"{path}: no manifest.json, so nothing to verify (not a dataset of "
+                           "format 2; prepare it again)")
     manifest = json.loads((path / "manifest.json").read_text())
     itemsize = np.dtype(manifest["dtype"]).itemsize
     problems = []
@@ -391,37 +716,75 @@ def _exclusive(lock_path: Path, timeout: float):
 def ensure_bundled(name: str, tokenizer: str, eval_fraction: float,
                    cache_dir: str | Path | None = None, timeout: float = 1800.0) -> Path:
     """Prepare a bundled corpus once into the cache; return its directory. Processes that
-    share the cache take turns: the first prepares, the others find it done."""
+    share the cache take turns: the first prepares (saying so in one line on stderr, with a
+    progress bar), the others find it done."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     tag = tokenizer.replace(":", "").replace("/", "_")
     out = cache / "data" / f"{name}-{tag}-eval{eval_fraction:g}-v{FORMAT_VERSION}"
     if not (out / "manifest.json").exists():
         with _exclusive(out.with_name(out.name + ".lock"), timeout):
             if not (out / "manifest.json").exists():
-                from absl import logging
-
-                logging.info("preparing the bundled corpus %r into %s", name, out)
-                prepare([corpus_path(name)], out, tokenizer, eval_fraction)
+                source = corpus_path(name)
+                print(f"preparing the bundled corpus {name!r} with tokenizer {tokenizer} into "
+                      f"{out} (first use only)", file=sys.stderr, flush=True)
+                # overwrite: an unfinished run of other arguments (the package moved) restarts
+                prepare([source], out, tokenizer, eval_fraction, overwrite=True)
     return out
 
 
-def main(argv: Sequence[str]) -> None:
-    from absl import flags, logging
+# --- the command ------------------------------------------------------------------------------
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
-    f = flags.FLAGS
+
+def main(argv: Sequence[str], flag_values: FlagValues | None = None) -> int:
+    """The command, once absl has parsed the flags (into ``flag_values``, by default the global
+    ``FLAGS``); returns the exit code: 0, 1 (``--verify`` found problems), 2 (a user error,
+    one line on stderr) or 130 (interrupted)."""
+    from absl import flags
+
+    from boost_jax.cli import debugging, user_error
+
+    f = flag_values if flag_values is not None else flags.FLAGS
+    try:
+        return _command(argv, f)
+    except PrepareError as err:
+        return user_error(PROG, err)
+    except OSError as err:  # the disk, mid-run: the finished shards stay for a rerun
+        if err.errno not in _WRITE_ERRORS or debugging():
+            raise
+        where = f" {err.filename}" if err.filename else ""
+        return user_error(PROG, PrepareError(
+            f"cannot write{where}: {err.strerror}; free space or fix permissions, then rerun the "
+            "same command (finished shards are kept)"))
+    except KeyboardInterrupt:
+        if debugging():
+            raise
+        print(f"{PROG}: interrupted; rerun the same command to resume (finished shards are "
+              "kept)", file=sys.stderr)
+        return 130
+
+
+def _command(argv: Sequence[str], f: FlagValues) -> int:
+    """:func:`main` without its error handling: verify, or prepare and print the summary."""
+    from absl import logging
+
     if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
+        raise PrepareError(f"unexpected arguments {' '.join(argv[1:])!r}: flags take the form "
+                           "--name=value; see --help")
     if f.verify:
         problems = verify(f.verify)
         print("\n".join(problems) if problems else f"{f.verify}: intact")
-        raise SystemExit(1 if problems else 0)
+        return 1 if problems else 0
     if not f.input or not f.output:
-        raise SystemExit("prepare: --input and --output are required (or --verify=DIR)")
+        raise PrepareError("--input and --output are required (or --verify=DIR); see --help")
+    if f.workers < -1:
+        raise PrepareError(f"--workers={f.workers} must be -1 (one per core), 0 (in this "
+                           "process) or more")
     workers = (os.cpu_count() or 1) if f.workers < 0 else f.workers
     start = time.perf_counter()
     meta = prepare(f.input, f.output, f.tokenizer, f.eval_fraction, f.seed, f.text_field,
                    workers, f.chunk_mb, f.chunks_per_shard, f.tokenizer_sample_mb,
-                   log=logging.info)
+                   log=logging.info, overwrite=f.overwrite)
     import resource
 
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -433,26 +796,41 @@ def main(argv: Sequence[str]) -> None:
     summary = {k: v for k, v in meta.items() if k != "shards"}
     print(json.dumps(dict(summary, shards=len(meta["shards"]), peak_rss_mib=round(peak)),
                      indent=1))
+    return 0
 
 
-def _define_flags() -> None:
+def define_flags(flag_values: FlagValues | None = None) -> None:
+    """The command's flags, in ``flag_values`` (default: the global ``FLAGS``)."""
     from absl import flags
 
-    flags.DEFINE_multi_string("input", None, "text/JSONL files or directories")
-    flags.DEFINE_string("output", None, "output directory")
-    flags.DEFINE_string("tokenizer", "bpe:4096", "bpe:<vocab> | llama32k | spm:<file> | hf:<json>")
-    flags.DEFINE_float("eval_fraction", 0.02, "fraction of each shard's tokens held out for eval")
-    flags.DEFINE_integer("seed", 0, "document shuffle seed (within each chunk)")
-    flags.DEFINE_string("text_field", "text", "JSONL field holding the text")
-    flags.DEFINE_integer("workers", -1, "tokenizer processes (-1: one per core; 0: in-process)")
-    flags.DEFINE_float("chunk_mb", 4.0, "MiB of text per tokenization chunk")
-    flags.DEFINE_integer("chunks_per_shard", 64, "chunks per output shard")
-    flags.DEFINE_float("tokenizer_sample_mb", 64.0, "MiB of text that train a bpe:<n>")
-    flags.DEFINE_string("verify", None, "check the checksums of this prepared dataset and exit")
+    fv = flag_values if flag_values is not None else flags.FLAGS
+    flags.DEFINE_multi_string("input", None, "text/JSONL files or directories of them, or a "
+                              "Hugging Face save_to_disk directory", flag_values=fv)
+    flags.DEFINE_string("output", None, "output directory (built in .<output>.partial beside "
+                        "it, renamed when complete)", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "replace the prepared dataset at --output (the new one "
+                      "is built beside it and swapped in when complete; a failure leaves the "
+                      "old one intact), or discard an unfinished run of other arguments",
+                      flag_values=fv)
+    flags.DEFINE_string("tokenizer", "bpe:4096", "bpe:<vocab> | llama32k | spm:<file> | "
+                        "hf:<json>", flag_values=fv)
+    flags.DEFINE_float("eval_fraction", 0.02, "fraction of each shard's tokens held out for eval",
+                       flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "document shuffle seed (within each chunk)", flag_values=fv)
+    flags.DEFINE_string("text_field", "text", "JSONL field (Arrow column) holding the text",
+                        flag_values=fv)
+    flags.DEFINE_integer("workers", -1, "tokenizer processes (-1: one per core; 0: in-process)",
+                         flag_values=fv)
+    flags.DEFINE_float("chunk_mb", 4.0, "MiB of text per tokenization chunk", flag_values=fv)
+    flags.DEFINE_integer("chunks_per_shard", 64, "chunks per output shard", flag_values=fv)
+    flags.DEFINE_float("tokenizer_sample_mb", 64.0, "MiB of text that train a bpe:<n>",
+                       flag_values=fv)
+    flags.DEFINE_string("verify", None, "check the checksums of this prepared dataset and exit "
+                        "(exit code 1 when it finds a problem)", flag_values=fv)
 
 
 if __name__ == "__main__":
-    from absl import app
+    from boost_jax.cli import run_app
 
-    _define_flags()
-    app.run(main)
+    define_flags()
+    run_app(PROG, main)

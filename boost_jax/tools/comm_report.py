@@ -25,6 +25,7 @@ import math
 
 from absl import app, flags
 
+from boost_jax import cli
 from boost_jax.cli import define_gin_flags, run_command
 from boost_jax.config import Config
 
@@ -187,4 +188,4 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run_app("comm_report", main)

@@ -22,11 +22,11 @@ import dataclasses
 import json
 import math
 import signal
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,11 +35,13 @@ from absl import logging
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
 from boost_jax.config import Config, ConfigError, Train
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
+from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.checkpoint import Checkpointer
-from boost_jax.train.metrics import MetricsWriter, progress_line
+from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer
+from boost_jax.train.progress import Window, compiling, duration, say
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
@@ -98,7 +100,8 @@ def _check_resume(meta: dict, config: Config) -> None:
     model = saved.get("Model")
     now = config.to_dict()
     if model is not None and model != now["Model"]:
-        diff = sorted(k for k in model if model[k] != now["Model"].get(k))
+        diff = sorted((k for k in model if model[k] != now["Model"].get(k)),
+                      key=lambda k: (k not in ("arch", "size"), k))  # the choices users make
         raise ConfigError(f"the checkpoint was written for another model (Model.{diff[0]}="
                           f"{model[diff[0]]!r}, now {now['Model'][diff[0]]!r}); use a new "
                           "--workdir")
@@ -123,8 +126,9 @@ def _global_batch(local: dict, model: ShardedModel, global_batch: int) -> dict:
 
 
 def _write_config(workdir: Path, config: Config) -> None:
+    """``config.json`` and ``config.gin``: every field's value (``--gin_file`` takes it)."""
     (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    (workdir / "config.gin").write_text(gin.config_str())
+    (workdir / "config.gin").write_text(operative_gin(config))
 
 
 class Diverged(RuntimeError):
@@ -132,8 +136,9 @@ class Diverged(RuntimeError):
 
 
 class _Reporter:
-    """Reads a step's metrics back from the device and logs them with step time, throughput
-    and MFU, and applies the non-finite policy.
+    """Reads a step's metrics back from the device, records them with step time, throughput
+    and MFU, prints a progress line every ``Train.log_every`` steps, and applies the
+    non-finite policy.
 
     One clock: the time of step ``n`` is the gap between the completions of steps ``n-1`` and
     ``n``, less the time spent in :meth:`paused` blocks (eval, checkpoint saves) in between.
@@ -143,6 +148,7 @@ class _Reporter:
                  flops_per_device: float, peak: float | None):
         self.writer, self.train = writer, train
         self.tokens, self.flops, self.peak = tokens, flops_per_device, peak
+        self.window = Window(train.steps, tokens, flops_per_device, peak)
         self.last_done, self.excluded, self.last_loss = time.perf_counter(), 0.0, None
         self.skipped_in_a_row, self.skipped = 0, 0
 
@@ -167,8 +173,9 @@ class _Reporter:
         self._check_finite(step, values)
         self.last_loss = values["loss"]
         self.writer.write(step, values)
+        self.window.add(dt)
         if step % self.train.log_every == 0 or step == self.train.steps:
-            logging.info(progress_line(step, self.train.steps, values))
+            say(self.window.line(step, values["loss"]))
         return signum
 
     def _check_finite(self, step: int, values: dict) -> None:
@@ -229,8 +236,8 @@ class _Run:
         if restored is not None:
             state = from_checkpoint_layout(model, opt, restored.state)
             self.train_it.set_state(restored.meta["data_state"])
-            logging.info("resumed from %s at step %d", self.ckpt.directory / str(restored.step),
-                         restored.step)
+            say(f"resumed from {self.ckpt.directory / str(restored.step)} at step "
+                f"{restored.step}")
             return state, restored.step
         if self.ckpt.quarantined and not fresh_start:
             names = ", ".join(p.name for p in self.ckpt.quarantined)
@@ -239,8 +246,7 @@ class _Run:
                               "train from step 0 in this workdir")
         m = self.config.model
         n_params = sum(math.prod(d.shape) for d in model.defs.values())
-        logging.info("initialised %s/%s (%s parameters) from seed %d", m.arch, m.size,
-                     f"{n_params:,}", self.t.seed)
+        say(f"initialised {m.arch}/{m.size} ({n_params:,} parameters) from seed {self.t.seed}")
         return init_state(model, opt, self.t.seed), 0
 
     def compile(self, start: int) -> None:
@@ -249,14 +255,14 @@ class _Run:
         if self.lead:
             _write_config(self.workdir, self.config)
         self.writer = MetricsWriter(self.workdir, start, enabled=self.lead)
-        t0 = time.perf_counter()
-        self.step_fn = compile_train_step(self.model, self.opt, t.batch_size, t.seq_len,
-                                          self.config.data.packing == "document")
-        self.eval_fn = make_eval_step(self.model)
         tokens = t.batch_size * t.seq_len
         kind = mesh.devices.flat[0].device_kind
-        logging.info("compiled the train step in %.1f s; %d steps of %d tokens on a %s mesh of "
-                     "%s", time.perf_counter() - t0, t.steps, tokens, dict(mesh.shape), kind)
+        with compiling("the train step"):
+            self.step_fn = compile_train_step(self.model, self.opt, t.batch_size, t.seq_len,
+                                              self.config.data.packing == "document")
+        self.eval_fn = make_eval_step(self.model)
+        say(f"training steps {start + 1}..{t.steps} of {tokens:,} tokens on a "
+            f"{' x '.join(f'{k}={v}' for k, v in mesh.shape.items())} mesh of {kind}")
         flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
         self.report = _Reporter(self.writer, t, tokens, flops,
                                 peak_flops(kind, t.dtype, t.peak_tflops))
@@ -267,7 +273,7 @@ class _Run:
         with self.report.paused():
             loss = float(np.mean([jax.device_get(self.eval_fn(params, b)) for b in self.evals]))
         self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
-        logging.info("eval at step %d: loss %.4f, perplexity %.2f", step, loss, math.exp(loss))
+        say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
         return loss
 
     def checkpoint(self, step: int, state: dict, wait: bool = False) -> None:
@@ -319,6 +325,26 @@ class _Run:
         self.writer.close()
 
 
+def _check_writable(workdir: Path) -> None:
+    """Create ``workdir`` if needed and write a file there, before any work is done."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--workdir={workdir} is not writable ({err.strerror or err}); "
+                          "choose another --workdir") from None
+
+
+def _nothing_to_do(r: _Run, step: int) -> Summary:
+    """A finished run rerun: nothing is trained, evaluated or written."""
+    r.ckpt.close()
+    say(f"nothing to do: {r.workdir} is already trained to step {step} (Train.steps="
+        f"{r.t.steps}); raise Train.steps, and pin Train.schedule_steps, to train further")
+    return Summary(step, step, None, None, None, str(r.ckpt.directory),
+                   str(r.workdir / "metrics.jsonl"))
+
+
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
         checkpoint_async: bool = True, fresh_start: bool = False) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
@@ -326,10 +352,13 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
     (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
     fails."""
-    t_start = time.perf_counter()
+    t_start, workdir = time.perf_counter(), Path(workdir).absolute()
+    _check_writable(workdir)
     with _Stop() as stop:  # until the last checkpoint is written: a signal only sets a flag
-        r = _Run(config, Path(workdir).absolute(), devices, checkpoint_async)
+        r = _Run(config, workdir, devices, checkpoint_async)
         state, start = r.restore(fresh_start)
+        if start >= config.train.steps:
+            return _nothing_to_do(r, start)
         r.compile(start)
         diverged = None
         try:
@@ -342,7 +371,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
             if interrupted is not None:
                 logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun "
                                 "the same command to resume", interrupted, step)
-            elif step > start or eval_loss is None:
+            else:
                 eval_loss = r.evaluate(step, state["params"])
         r.close()
     summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
@@ -352,9 +381,8 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     elif r.lead:
         ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
         loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
-        logging.info("done: steps %d->%d, final train loss %s, eval perplexity %s, %.0f s",
-                     start, step, loss, ppl, time.perf_counter() - t_start)
-        logging.info("checkpoints: %s", summary.checkpoint_dir)
-        logging.info("metrics: %s (TensorBoard: %s)", summary.metrics_file,
-                     r.workdir / "tensorboard")
+        say(f"done: steps {start}->{step}, final train loss {loss}, eval perplexity {ppl}, "
+            f"{duration(time.perf_counter() - t_start)}")
+        say(f"checkpoints: {summary.checkpoint_dir}")
+        say(f"metrics: {summary.metrics_file} (TensorBoard: {r.workdir / 'tensorboard'})")
     return summary

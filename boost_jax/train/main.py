@@ -1,13 +1,18 @@
 """``python -m boost_jax.train``: the absl + gin entry point.
 
-    python -m boost_jax.train [--gin_file=F ...] [--gin_param='Model.arch="svd"' ...] [--workdir=W]
+    python -m boost_jax.train [--gin_file=F ...] [--gin_param="Model.arch='svd'" ...] [--workdir=W]
 
-With no flags it trains the default small CoLA model on the bundled corpus. A run in a workdir
-that already holds checkpoints resumes from the newest intact one; if all are damaged it stops
-with an error unless ``--fresh_start`` is given. Exit codes: 0 done, 1 diverged or a
-checkpoint could not be written, 2 bad input, 128 + N stopped by signal N (agreed across
-processes, after a checkpoint). Gin files are looked up as
-given, then in the repository's ``configs/`` directory.
+With no flags it trains the default small CoLA model on the bundled corpus. ``--print_config``
+lists every gin binding (``Model.*``, ``Parallel.*``, ``Train.*``, ``Data.*``) with its type,
+default and meaning. A run writes its operative configuration (every field's value) to
+``<workdir>/config.gin``; ``--gin_file`` on that file reproduces the run. A run in a workdir that
+already holds checkpoints resumes from the newest intact one; if all are damaged it stops with
+an error unless ``--fresh_start`` is given. Gin files are looked up as given, then in the
+repository's ``configs/`` directory.
+
+Exit codes: 0 done, 1 diverged or a checkpoint could not be written, 2 bad input (one line on
+stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 128 + N stopped by signal N (agreed across
+processes, after a checkpoint).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import sys
 
 from absl import app, flags
 
+from boost_jax import cli
 from boost_jax.cli import define_gin_flags, run_command
 
 FLAGS = flags.FLAGS
 define_gin_flags()
 flags.DEFINE_string("workdir", "runs/default", "checkpoints, metrics and logs go here")
+flags.DEFINE_bool("print_config", False, "print every gin-configurable field (binding, type, "
+                  "default, meaning) and exit")
 flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint of --workdir "
                   "is damaged (they are moved aside, never deleted); without it that is an "
                   "error")
@@ -43,11 +51,24 @@ def _train(config) -> int:
     return 0 if summary.interrupted_by is None else 128 + summary.interrupted_by
 
 
+def print_config() -> None:
+    """The table ``--print_config`` prints: every field, from the config dataclasses."""
+    from boost_jax.gin_io import describe_fields
+
+    rows = [("binding", "type", "default", "meaning"), *describe_fields()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3])
+
+
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.print_config:
+        print_config()
+        return 0
     return run_command("boost_jax.train", _train)
 
 
 def run_app() -> None:
-    app.run(main)
+    cli.run_app("boost_jax.train", main)

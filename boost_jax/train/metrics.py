@@ -89,10 +89,3 @@ def _append(path: Path, lines: list[str], mode: str = "a") -> None:
         f.write("".join(line + "\n" for line in lines))
         f.flush()
         os.fsync(f.fileno())
-
-
-def progress_line(step: int, total: int, m: dict) -> str:
-    mfu = f"{100 * m['mfu']:.1f}%" if m.get("mfu") is not None else "n/a"
-    return (f"step {step:>6}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | "
-            f"gnorm {m['grad_norm']:.3f} | {m['tokens_per_sec']:,.0f} tok/s | "
-            f"{m['tflops_per_device']:.3f} TFLOP/s/dev | mfu {mfu} | {m['step_time']:.3f} s/step")

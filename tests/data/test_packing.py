@@ -103,8 +103,7 @@ def test_packed_eval_is_fixed_and_split_by_rows(packing_data, tmp_path):
         for k in ev[b]:
             np.testing.assert_array_equal(ev[b][k], again[b][k])
             np.testing.assert_array_equal(np.concatenate([h[b][k] for h in halves]), ev[b][k])
-    with pytest.raises(ConfigError, match="eval split cannot fill"):
-        eval_batches(ds, SEQ, 10_000, 1)
+    assert eval_batches(ds, SEQ, 10_000, 1) == []  # too small: no eval, with a notice
 
 
 def test_packing_needs_document_offsets(tiny_data, tmp_path):

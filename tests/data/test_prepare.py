@@ -1,15 +1,18 @@
-"""The prepare command: inputs, tokenizers, splits, atomic output."""
+"""The prepare command: inputs, tokenizers, splits, atomic output, --overwrite, one-line
+errors."""
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from boost_jax.data import prepare as prepare_module
 from boost_jax.data import tokenizer as tokenizers
-from boost_jax.data.prepare import prepare, read_documents, verify
+from boost_jax.data.prepare import PrepareError, prepare, read_documents, verify
 from boost_jax.data.synthetic import write_corpus
 
 
@@ -21,9 +24,9 @@ def test_reads_text_jsonl_and_compressed(tmp_path):
     (tmp_path / "sub" / "c.raw").write_text("fourth")
     docs = list(read_documents([tmp_path / "a.txt", tmp_path / "b.jsonl.gz", tmp_path / "sub"]))
     assert docs == ["first document", "second", "third", "fourth"]
-    with pytest.raises(KeyError, match="no field 'body'"):
+    with pytest.raises(PrepareError, match="b.jsonl.gz:1: no field 'body'"):
         list(read_documents([tmp_path / "b.jsonl.gz"], text_field="body"))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(PrepareError, match="does not exist"):
         list(read_documents([tmp_path / "missing.txt"]))
 
 
@@ -44,7 +47,7 @@ def test_reads_a_hugging_face_save_to_disk_directory(tmp_path):
                                                                   for n in names]}))
     (saved / "dataset_info.json").write_text(json.dumps({"features": {}}, indent=2))
     assert list(read_documents([saved])) == ["one", "two", "three"]
-    with pytest.raises(KeyError, match="no column 'body'"):
+    with pytest.raises(PrepareError, match="no column 'body'"):
         list(read_documents([saved], text_field="body"))
 
 
@@ -66,12 +69,12 @@ def test_prepared_layout(tiny_data):
 
 
 def test_prepare_refuses_to_overwrite_and_leaves_no_partial(tmp_path, tiny_data):
-    with pytest.raises(FileExistsError):
+    with pytest.raises(PrepareError, match="already holds a prepared dataset"):
         prepare([tmp_path], tiny_data)
     (tmp_path / "in.txt").write_text("hello world " * 50)
-    with pytest.raises(ValueError, match="unknown tokenizer spec"):
+    with pytest.raises(PrepareError, match="unknown tokenizer 'wordpiece'"):
         prepare([tmp_path / "in.txt"], tmp_path / "out", tokenizer="wordpiece")
-    assert not (tmp_path / "out").exists()  # only the resumable work directory
+    assert os.listdir(tmp_path) == ["in.txt"]  # no output, no work directory
 
 
 def test_bundled_llama32k_tokenizer(tmp_path):
@@ -171,3 +174,207 @@ def test_prepare_runs_under_a_memory_cap_smaller_than_the_corpus(tmp_path):
     assert verify(tmp_path / "out") == []
     summary = json.loads(out.stdout)
     assert summary["train_tokens"] > 50_000_000 and summary["peak_rss_mib"] < 512
+
+
+# --- the command: --overwrite, one-line errors, the progress bar ----------------------------
+TEXT = "To be, or not to be, that is the question. " * 40
+
+
+def _main(capsys, *args: str) -> tuple[int, str]:
+    """The command run in this process with ``args``: (exit code, what it wrote on stderr)."""
+    from absl import flags
+
+    fv = flags.FlagValues()
+    prepare_module.define_flags(fv)
+    code = prepare_module.main(fv(["prepare", *args]), fv)
+    return code, capsys.readouterr().err
+
+
+def _snapshot(root, directories: bool = True) -> dict:
+    """Every path under ``root`` with its inode, size and mtime: equal when nothing changed
+    (``directories=False``: when nothing is left changed, a directory's mtime aside)."""
+    return {p: (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+            if directories or p.is_file() else None for p in root.rglob("*")}
+
+
+def _fail(self):
+    raise RuntimeError("injected failure")
+
+
+def test_an_existing_dataset_is_refused_untouched(tmp_path, capsys):
+    (tmp_path / "in.txt").write_text(TEXT)
+    out = tmp_path / "out"
+    prepare([tmp_path / "in.txt"], out, tokenizer="llama32k")
+    before = _snapshot(tmp_path)
+    code, err = _main(capsys, f"--input={tmp_path / 'in.txt'}", f"--output={out}",
+                      "--tokenizer=llama32k")
+    assert code == 2
+    assert err.startswith(f"boost_jax.data.prepare: error: {out} already holds a prepared "
+                          "dataset (")
+    assert err.endswith("tokenizer llama32k); pass --overwrite to replace it\n")
+    assert err.count("\n") == 1 and _snapshot(tmp_path) == before
+
+
+def test_overwrite_builds_beside_and_swaps_in_only_when_complete(tmp_path, capsys, monkeypatch):
+    """A failure while the replacement is built leaves the old dataset intact (and readable
+    all along); a rerun of --overwrite then replaces it and leaves nothing else behind."""
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    src.write_text(TEXT)
+    old = prepare([src], out, tokenizer="llama32k")
+
+    def fail(self):
+        assert json.loads((out / "manifest.json").read_text()) == old  # still the old one
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(prepare_module._ShardWriter, "close", fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        prepare([src], out, tokenizer="bpe:300", overwrite=True)
+    assert json.loads((out / "manifest.json").read_text()) == old and verify(out) == []
+    assert (tmp_path / ".out.partial").is_dir()  # kept: a rerun resumes it
+    monkeypatch.undo()
+    code, err = _main(capsys, f"--input={src}", f"--output={out}", "--tokenizer=bpe:300",
+                      "--workers=0", "--overwrite")
+    assert code == 0, err
+    new = json.loads((out / "manifest.json").read_text())
+    assert new["tokenizer"] == "bpe:300" and new["vocab_size"] <= 300 and verify(out) == []
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out"]  # no work or old directory left
+
+
+def test_an_unfinished_run_of_other_arguments_is_refused_then_discarded(tmp_path, capsys,
+                                                                         monkeypatch):
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    src.write_text(TEXT)
+    monkeypatch.setattr(prepare_module._ShardWriter, "close", _fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        prepare([src], out, tokenizer="llama32k")
+    monkeypatch.undo()
+    before = _snapshot(tmp_path)
+    args = [f"--input={src}", f"--output={out}", "--tokenizer=bpe:300", "--workers=0"]
+    code, err = _main(capsys, *args)
+    assert code == 2 and err.count("\n") == 1
+    assert ("holds an unfinished run with other arguments (tokenizer='llama32k' there, "
+            "'bpe:300' now); rerun with those") in err
+    assert _snapshot(tmp_path) == before
+    code, err = _main(capsys, *args, "--overwrite")
+    assert code == 0, err
+    assert json.loads((out / "manifest.json").read_text())["tokenizer"] == "bpe:300"
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out"]
+
+
+# (flags over the defaults --input=in.txt --output=out --tokenizer=llama32k; None drops one,
+# {t} is the test's directory) -> what the one-line error says
+BAD = {
+    "missing input": ({"input": "{t}/missing.txt"}, "input {t}/missing.txt does not exist"),
+    "empty directory": ({"input": "{t}/empty"}, "no input files in {t}/empty"),
+    "blank corpus": ({"input": "{t}/blank.txt"}, "no text to prepare in {t}/blank.txt"),
+    "unknown tokenizer": ({"tokenizer": "wordpiece"}, "unknown tokenizer 'wordpiece'; use"),
+    "bpe vocab too small": ({"tokenizer": "bpe:100"}, "the vocabulary size must be"),
+    "bpe vocab not a number": ({"tokenizer": "bpe:lots"}, "the vocabulary size must be"),
+    "missing spm file": ({"tokenizer": "spm:{t}/no.model"}, "no file {t}/no.model"),
+    "spm file not a model": ({"tokenizer": "spm:{t}/in.txt"}, "is not a SentencePiece .model"),
+    "output parent is a file": ({"output": "{t}/in.txt/out"}, "{t}/in.txt is not a directory"),
+    "output holds other files": ({"output": "{t}/taken"}, "holds other files, not a prepared"),
+    "output inside the input": ({"input": "{t}", "output": "{t}/out"},
+                                "is inside the input directory"),
+    "jsonl without the field": ({"input": "{t}/body.jsonl"}, "body.jsonl:1: no field 'text' "
+                                "(fields: body)"),
+    "malformed jsonl line late": ({"input": "{t}/late.jsonl", "chunk_mb": "0.0001"},
+                                  "late.jsonl:3: not valid JSON"),
+    "eval fraction": ({"eval_fraction": "1.5"}, "--eval_fraction=1.5 must be in [0, 1)"),
+    "no output": ({"output": None}, "--input and --output are required"),
+    "verify a non-dataset": ({"verify": "{t}"}, "no manifest.json"),
+    "positional argument": ({"": "extra"}, "unexpected arguments 'extra'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case):
+    t = tmp_path / "t"
+    t.mkdir()
+    (t / "in.txt").write_text(TEXT)
+    (t / "blank.txt").write_text(" \n\t\n")
+    (t / "empty").mkdir()
+    (t / "taken").mkdir()
+    (t / "taken" / "notes.md").write_text("mine")
+    (t / "body.jsonl").write_text(json.dumps({"body": TEXT}) + "\n")
+    (t / "late.jsonl").write_text(2 * (json.dumps({"text": TEXT}) + "\n") + "{oops\n")
+    overrides, expected = BAD[case]
+    flags = {"input": "{t}/in.txt", "output": "{t}/out", "tokenizer": "llama32k",
+             "workers": "0", **overrides}
+    args = [f"--{k}={v}" if k else v for k, v in flags.items() if v is not None]
+    late = case == "malformed jsonl line late"  # found while writing: what was written goes
+    before = _snapshot(tmp_path, directories=not late)
+    code, err = _main(capsys, *(a.format(t=t) for a in args))
+    assert code == 2
+    assert err.startswith("boost_jax.data.prepare: error: ") and err.count("\n") == 1, err
+    assert expected.format(t=t) in err and "Traceback" not in err
+    assert _snapshot(tmp_path, directories=not late) == before
+
+
+def test_an_output_in_a_read_only_directory_is_refused(tmp_path, capsys, monkeypatch):
+    (tmp_path / "in.txt").write_text(TEXT)
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    if os.geteuid() == 0:  # root may write anywhere: answer as for anyone else
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: p != ro and access(p, mode))
+    code, err = _main(capsys, f"--input={tmp_path / 'in.txt'}", f"--output={ro}/new/out",
+                      "--tokenizer=llama32k")
+    assert code == 2 and err.count("\n") == 1
+    assert f"cannot create {ro}/new/out: {ro} is not writable; choose an --output" in err
+    assert not os.listdir(ro)
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--input=/nonexistent/in.txt", "input /nonexistent/in.txt does not exist"),
+    ("--eval_fraction=lots", "could not convert string to float: 'lots'"),
+])
+def test_the_command_reports_user_errors_without_traceback(tmp_path, flag, expected):
+    """The real command line (absl flag parsing included), in a subprocess."""
+    out = subprocess.run([sys.executable, "-m", "boost_jax.data.prepare",
+                          f"--output={tmp_path / 'out'}", flag], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "BOOST_JAX_DEBUG": "0"})
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("boost_jax.data.prepare: error: ") and expected in out.stderr
+    assert "Traceback" not in out.stderr and not os.listdir(tmp_path)
+
+
+def test_debug_switch_raises_instead(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BOOST_JAX_DEBUG", "1")
+    with pytest.raises(PrepareError, match="does not exist"):
+        _main(capsys, f"--input={tmp_path / 'missing.txt'}", f"--output={tmp_path / 'out'}")
+
+
+def test_progress_bar_follows_the_compressed_input_to_its_end(tmp_path, monkeypatch):
+    """The bar (forced on: stderr is no terminal under pytest) counts the bytes of the input
+    files as they are, here gzip, and ends at their total."""
+    import io
+
+    from tqdm import tqdm
+
+    shown, bars = io.StringIO(), []
+
+    class Shown(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **dict(kwargs, disable=False, delay=0, file=shown))
+            bars.append(self)
+
+    monkeypatch.setattr(prepare_module, "tqdm", Shown)
+    with gzip.open(tmp_path / "in.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": f"{k}: {TEXT}"}) + "\n" for k in range(40))
+    meta = prepare([tmp_path / "in.jsonl.gz"], tmp_path / "out", tokenizer="llama32k",
+                   chunk_mb=0.005)
+    (bar,) = bars
+    assert bar.n == bar.total == (tmp_path / "in.jsonl.gz").stat().st_size
+    assert "tokenizing: 100%" in shown.getvalue()
+    assert f"{meta['train_tokens'] + meta['eval_tokens']:,} tokens" in shown.getvalue()
+
+
+def test_a_bundled_corpus_says_what_it_prepares_and_where(tmp_path, capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(prepare_module, "prepare", lambda *a, **k: calls.append((a, k)))
+    out = prepare_module.ensure_bundled("shakespeare", "bpe:512", 0.02, tmp_path)
+    assert out.parent == tmp_path / "data" and len(calls) == 1
+    assert calls[0][1] == {"overwrite": True}  # a stale unfinished run restarts
+    assert capsys.readouterr().err == (f"preparing the bundled corpus 'shakespeare' with "
+                                       f"tokenizer bpe:512 into {out} (first use only)\n")

@@ -208,3 +208,33 @@ def test_a_full_disk_stops_the_run_and_keeps_the_older_checkpoints(tiny_data, ei
     s = run(_cfg(tiny_data, 12), workdir, ONE)
     assert (s.start_step, s.step) == (8, 12)
     assert sorted(_losses(workdir)) == list(range(1, 13))
+
+
+def test_rerunning_a_finished_run_adds_nothing(tiny_data, eight_steps, tmp_path, capsys):
+    workdir = _copy(eight_steps, tmp_path)
+    before = {p.name: p.read_bytes() for p in workdir.glob("metrics*.jsonl")}
+    s = run(_cfg(tiny_data, 8), workdir, ONE)
+    assert (s.start_step, s.step) == (8, 8)
+    assert {p.name: p.read_bytes() for p in workdir.glob("metrics*.jsonl")} == before
+    assert "nothing to do" in capsys.readouterr().out
+    assert _steps(workdir) == [4, 8]
+
+
+def test_another_model_is_refused_naming_the_choice_that_differs(eight_steps):
+    from boost_jax.config import Config
+    from boost_jax.train.loop import _check_resume
+
+    meta = json.loads((eight_steps / "checkpoints" / "8" / "meta" / "metadata").read_text())
+    saved = meta["config"]
+    other = Config(**{k: v for k, v in zip(
+        ("model", "parallel", "train", "data"), _config_groups(saved, size="small"))})
+    with pytest.raises(ConfigError, match=r"another model \(Model.size='tiny', now 'small'\)"):
+        _check_resume(meta, other)
+
+
+def _config_groups(saved, size):
+    from boost_jax.config import Data, Model, Parallel, Train
+
+    model = {k: saved["Model"][k] for k in ("arch", "rank")}
+    return (Model(size=size, **model), Parallel(**{**saved["Parallel"], "data": 1, "tensor": 1}),
+            Train(**saved["Train"]), Data(**saved["Data"]))

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import gin
 import jax
 import pytest
 
@@ -35,20 +36,79 @@ def _tiny_gin(data):
 
 
 @pytest.mark.parametrize("gin, needle", [
-    (["Model.depth=3"], "gin: Configurable 'Model' doesn't have a parameter named 'depth'"),
+    (["Model.depth=3"], "--gin_param=Model.depth=3: Configurable 'Model' doesn't have a "
+                        "parameter named 'depth'"),
     (["Model.arch='moe'"], "Model.arch='moe' is not one of dense, svd, cola, lax"),
     (["Train.batch_size=7", "Parallel.data=2"], "Train.batch_size=7 is not divisible by "
                                                  "Parallel.data=2"),
     (["Data.path='/nonexistent/data'"], "Data.path='/nonexistent/data': no prepared dataset"),
+    (["Train.learning_rate='abc'"], "Train.learning_rate='abc' must be a number"),
+    (["Model.tie_embeddings=1"], "Model.tie_embeddings=1 must be a boolean (True or False) "
+                                 "or None"),
+    (["Train.steps=(3"], "--gin_param=Train.steps=(3: unbalanced brackets or quotes"),
+    (["Data.path=mine"], "--gin_param=Data.path=mine: not a value: quote strings"),
+    (["Train.batch_size=1048576", "Model.size='tiny'", "DATA"],
+     "windows of 33 tokens, fewer than Train.batch_size=1048576; lower Train.batch_size to at "
+     "most "),
 ])
-def test_bad_input_is_one_line_before_compiling(tmp_path, gin, needle):
-    out = subprocess.run(_cmd(tmp_path, *gin), capture_output=True, text=True, timeout=120,
-                         env=_env())
+def test_bad_input_is_one_line_before_compiling(tmp_path, tiny_data, capsys, gin, needle):
+    """In process (the command's main, as absl calls it): exit code 2, one line naming the
+    binding, nothing compiled and nothing written."""
+    if "DATA" in gin:  # a corpus too small for the batch
+        gin = [g for g in gin if g != "DATA"] + [f"Data.path='{tiny_data}'", "Train.seq_len=32"]
+    workdir = tmp_path / "run"
+    code, _, err = _train_main(capsys, workdir, gin)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("boost_jax.train: error: ")
+    assert needle in err
+    assert not (workdir / "checkpoints").exists()
+
+
+def _train_main(capsys, workdir, bindings, **values):
+    """``python -m boost_jax.train`` in this process: ``(exit code, stdout, stderr)``."""
+    from absl.testing import flagsaver
+
+    from boost_jax.train import main as train_main
+
+    capsys.readouterr()
+    gin.clear_config()  # parsing finalises (locks) the config
+    with flagsaver.flagsaver(workdir=str(workdir), gin_param=list(bindings), **values):
+        code = train_main.main(["boost_jax.train"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_workdir_that_cannot_be_written_is_refused_first(tmp_path, monkeypatch, capsys):
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    code, _, err = _train_main(capsys, taken / "run", ["Model.size='tiny'"])
+    assert code == 2 and "is not writable" in err and "choose another --workdir" in err
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.NamedTemporaryFile", denied)  # read-only, even for root
+    code, _, err = _train_main(capsys, tmp_path / "ro", ["Model.size='tiny'"])
+    assert code == 2 and f"--workdir={tmp_path / 'ro'} is not writable (Permission denied)" in err
+
+
+def test_flags_and_usage_errors_are_one_line_with_exit_code_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "boost_jax.train", "--steps=3"],
+                         capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
     assert out.returncode == 2
-    errors = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert errors == [f"boost_jax.train: error: {errors[0].split('error: ', 1)[1]}"]
-    assert needle in errors[0]
-    assert "compiled the train step" not in out.stderr
+    assert out.stderr == ("boost_jax.train: error: Unknown command line flag 'steps'; config "
+                          "fields are gin bindings: --gin_param=Train.steps=... (see --help)\n")
+
+
+def test_print_config_lists_every_field(capsys):
+    from boost_jax.gin_io import describe_fields
+
+    code, out, _ = _train_main(capsys, "unused", [], print_config=True)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["binding", "type", "default", "meaning"]
+    assert len(lines) == 1 + len(describe_fields())
+    (row,) = [line for line in lines if line.startswith("Train.eval_batches ")]
+    assert row.split()[1:3] == ["int", "4"] and "0: no evaluation" in row
 
 
 def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):

@@ -1,0 +1,95 @@
+"""Gin text in and out of the :class:`~boost_jax.config.Config`.
+
+In: :func:`parse_gin` (files, then each ``--gin_param`` binding on its own, so an error names
+the file or the binding) and :func:`load_config`. Out: :func:`operative_gin`, every field's
+value as gin bindings (a run writes it to ``<workdir>/config.gin``; ``--gin_file`` on it
+reproduces the run), and :func:`describe_fields`, the table ``--print_config`` prints (name,
+type, default, meaning: taken from the dataclasses, so it cannot drift from them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tokenize
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import gin
+
+from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
+
+GROUPS = {"model": Model, "parallel": Parallel, "train": Train, "data": Data}
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split("\n")[0].split())
+
+
+def parse_gin(files: Iterable[str] = (), bindings: Sequence[str] = (),
+              search_paths: Iterable[str] = ()) -> None:
+    """Parse gin files (as given, else under ``search_paths``), then each binding on its own;
+    a missing file, a malformed binding or an unknown configurable or parameter is a
+    ConfigError that names the file or the binding."""
+    search_paths = list(search_paths)
+    for path in search_paths:
+        gin.add_config_file_search_path(path)  # for `include` inside the files
+    for name in files:
+        candidates = [Path(name)] + [Path(d) / name for d in search_paths]
+        hit = next((c for c in candidates if c.is_file()), None)
+        if hit is None:
+            raise ConfigError(f"gin file {name!r} not found (looked in ., "
+                              f"{', '.join(search_paths) or 'nowhere else'})")
+        _gin(gin.parse_config_file, str(hit), where=f"gin file {name}")
+    for binding in bindings:
+        _gin(gin.parse_config, binding, where=f"--gin_param={binding}")
+    gin.finalize()
+
+
+def _gin(parse, text: str, where: str) -> None:
+    try:
+        parse(text)
+    except Exception as err:  # gin raises many types (ValueError, TokenError, ...) on bad text
+        why = _one_line(err)
+        if isinstance(err, tokenize.TokenError):
+            why = "unbalanced brackets or quotes"
+        elif why.startswith("malformed node or string"):
+            why = ("not a value: quote strings inside the binding, e.g. "
+                   "--gin_param=\"Data.path='data/mine'\"")
+        raise ConfigError(f"{where}: {why}") from None
+
+
+def load_config(**overrides) -> Config:
+    """Build the validated :class:`Config` from the parsed gin bindings (plus ``overrides``)."""
+    made = {k: overrides.get(k) or cls() for k, cls in GROUPS.items()}
+    return Config(**made)
+
+
+def operative_gin(config: Config) -> str:
+    """Every field of ``config`` as a gin binding (presets and defaults resolved), grouped,
+    with each field's meaning as a comment."""
+    lines = ["# The operative configuration of a boost_jax run: every field's value.",
+             "# Reproduce the run with: python -m boost_jax.train --gin_file=<this file>"]
+    for name in GROUPS:
+        group = getattr(config, name)
+        lines.append("")
+        for f in dataclasses.fields(group):
+            lines.append(f"{type(group).__name__}.{f.name} = {getattr(group, f.name)!r}"
+                         f"  # {f.metadata['help']}")
+    return "\n".join(lines) + "\n"
+
+
+def _type_name(hint) -> str:
+    args = typing.get_args(hint) or (hint,)
+    return " | ".join("None" if a is type(None) else a.__name__ for a in args)
+
+
+def describe_fields() -> list[tuple[str, str, str, str]]:
+    """``(binding, type, default, meaning)`` of every gin-configurable field."""
+    rows = []
+    for cls in GROUPS.values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            rows.append((f"{cls.__name__}.{f.name}", _type_name(hints[f.name]), repr(f.default),
+                         f.metadata["help"]))
+    return rows
