@@ -15,7 +15,7 @@
 set -uo pipefail
 
 if [[ $# -lt 1 || ! $1 =~ ^[0-9]+$ || $1 -lt 1 ]]; then
-  echo "usage: launch/local.sh N [train flags...]" >&2
+  echo "launch/local.sh: error: the first argument must be the process count N >= 1, got '${1-}'; usage: launch/local.sh N [train flags...]" >&2
   exit 2
 fi
 n=$1; shift

@@ -1,4 +1,4 @@
-"""Communication of a train step: the analytic prediction (SPEC §6.2) and the HLO measurement.
+"""Communication of a train step: the analytic prediction and the HLO measurement.
 
 Elements are counted as :mod:`boost_jax.analysis.hlo` counts them (an all-reduce's array, a
 reduce-scatter's full input, an all-gather's result). ``T`` is the number of tokens one

@@ -1,4 +1,4 @@
-"""The BOOST paper's measured iteration times (SPEC §8.2, §8.3) and the layouts they ran with,
+"""The BOOST paper's measured iteration times and the layouts they ran with,
 for validating the performance model (``python -m boost_jax.bench model --paper``).
 
 Layouts come from the official repository's benchmark configs (``examples/cola/config_cola_

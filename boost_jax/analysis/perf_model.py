@@ -1,5 +1,5 @@
 """The performance model: predict a train step's time, FLOPs, HBM traffic, communication and
-memory for a model, mesh, plan, remat policy and hardware profile (SPEC §6).
+memory for a model, mesh, plan, remat policy and hardware profile.
 
 Per GPU and per microbatch of ``T`` tokens, each decoder layer is a list of GEMMs, the attention
 core, elementwise work and tensor-axis collectives -- written out per plan below, with the
@@ -8,7 +8,7 @@ attention; ``btp``'s ``[T, d/p] x [d/p, 3r]``). Times:
 
 * GEMM ``[M, K] x [K, N]``: ``2MKN / (peak * eff(AI))``, where ``AI = MKN / (MK + KN + MN)``
   FLOP/byte in bf16 and ``eff(AI) = gemm_max / (1 + gemm_ai_half / AI)``: skinny low-rank
-  GEMMs run further from peak (SPEC §6.4); bounded below by the HBM roofline;
+  GEMMs run further from peak; bounded below by the HBM roofline;
 * attention core: causal FLOPs / (peak * ``attention``); backward 2.5x forward (flash);
 * elementwise work (norms, residual adds, RoPE, activations, the cross-entropy): bytes moved /
   (HBM bandwidth * ``memory``);

@@ -3,8 +3,8 @@
 For each policy (``--policies``, default none, full, lowrank, lowrank_attn) on the configured
 model and plan (default: CoLA 60M with ``btp`` + online RMSNorm on data=2 x tensor=4, batch 8 x
 seq 512, fp32): compiled temporary memory, the FLOPs the recomputation adds (analytic), tensor-
-axis bytes per step (from the compiled HLO), median step time, and BOOST's efficiency figure
-(SPEC §5): memory saved per millisecond of added step time, relative to ``none``.
+axis bytes per step (from the compiled HLO), median step time, and BOOST's efficiency figure:
+memory saved per millisecond of added step time, relative to ``none``.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def open_dataset_on_all(data: Data) -> Dataset:
 
 def _no_eval(ds: Dataset, why: str) -> None:
     logging.warning("no evaluation: the eval split of %s is too small (%s); prepare it with a "
-                    "larger eval fraction, or lower Train.batch_size", ds.path, why)
+                    "larger --eval_fraction, or lower Train.batch_size", ds.path, why)
 
 
 def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:

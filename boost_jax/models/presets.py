@@ -1,6 +1,6 @@
 """Model size presets, selectable with ``Model.size``; every field can be overridden.
 
-Sources (see SPEC.md §7.1 and §8.1): CoLA's ``cola_configs/cola_{60m,130m,350m}.json`` and the
+Sources: CoLA's ``cola_configs/cola_{60m,130m,350m}.json`` and the
 BOOST paper's appendix table for 1B-30B (vocab 32000, tied embeddings, MHA, rank d/4).
 ``tiny`` is the test size and ``small`` the size of the default ``python -m boost_jax.train``
 run (a few million parameters, trains in minutes on a CPU).
@@ -22,7 +22,7 @@ PRESETS: dict[str, dict] = {
                  vocab_size=32000, tie_embeddings=False, only_lr_act=False),
     "350m": dict(d_model=1024, n_layers=24, n_heads=16, n_kv_heads=16, d_ff=2736, rank=256,
                  vocab_size=32000, tie_embeddings=False, only_lr_act=True),
-    # the BOOST paper's LLaMA-style sizes (SPEC.md §8.1)
+    # the BOOST paper's LLaMA-style sizes
     "1b": dict(d_model=2048, n_layers=24, n_heads=32, n_kv_heads=32, d_ff=5472, rank=512,
                vocab_size=32000, tie_embeddings=True),
     "3b": dict(d_model=3072, n_layers=28, n_heads=24, n_kv_heads=24, d_ff=8192, rank=768,

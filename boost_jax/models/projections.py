@@ -1,7 +1,7 @@
 """The projection factory: dense, SVD, CoLA and LaX versions of the seven projections.
 
 Kernels use ``x @ W`` orientation. A low-rank projection is ``y = sigma(x A) B`` with the *down*
-factor ``A [d_in, r]`` and the *up* factor ``B [r, d_out]`` (SPEC.md §1); sigma is the identity
+factor ``A [d_in, r]`` and the *up* factor ``B [r, d_out]``; sigma is the identity
 for ``svd`` and SiLU for ``cola`` and ``lax``. Projections that read the same input are stored
 grouped, as BOOST computes them:
 
@@ -13,7 +13,7 @@ grouped, as BOOST computes them:
 Where a projection's GEMMs sit relative to collectives is the plan's business: the projection
 hands each local matrix product to ``plan.norm_down`` / ``plan.down`` / ``plan.up``.
 
-LaX (SPEC.md §7.3) adds to each projection's pre-activation latent the post-activation latent
+LaX adds to each projection's pre-activation latent the post-activation latent
 of the same projection in the previous block, through a gate (identity, dense r x r with bias,
 or Kronecker-factored), optionally followed by an r-dim LayerNorm; block 0 has no crossing.
 """
@@ -34,7 +34,7 @@ LAX_NORM_EPS = 1e-6
 
 
 def cola_std(d_in: int, d_out: int, rank: int) -> float:
-    """CoLA's init std for both factors: ``(d_in + d_out)^(-1/4) * r^(-1/4)`` (SPEC §7.1)."""
+    """CoLA's init std for both factors: ``(d_in + d_out)^(-1/4) * r^(-1/4)``."""
     return (d_in + d_out) ** -0.25 * rank ** -0.25
 
 

@@ -5,7 +5,7 @@ Rank ``i`` holds ``x_i [T, d/p]``, ``gamma_i`` and the matching rows ``A_i [d/p,
 
     RMSNorm(x) A = sum_i (x_i * gamma_i) A_i / rho
 
-**online** (SPEC §3): each rank normalises by its *local* RMS ``rho_i = sqrt(s_i/(d/p) + eps)``
+**online**: each rank normalises by its *local* RMS ``rho_i = sqrt(s_i/(d/p) + eps)``
 (keeping the GEMM input well scaled in bf16), multiplies its partial product back by
 ``rho_i``, and appends ``s_i``; ONE all-reduce of ``[T, c r + 1]`` then yields both
 ``sum_i (x_i/rho_i * gamma_i) A_i rho_i = sum_i (x_i * gamma_i) A_i`` and ``S = sum_i s_i``, and

@@ -1,5 +1,5 @@
 """Pipeline parallelism over the ``pipe`` mesh axis: GPipe and the circular schedule, inside the
-model's one ``shard_map`` region (JAX_NOTES §18, design (a)).
+model's one ``shard_map`` region.
 
 Layout. The ``L`` decoder blocks are split into ``S`` stages; with ``R`` repeats (circular) each
 stage holds ``R`` groups of ``L / (S R)`` consecutive layers, group ``r`` of stage ``s`` being

@@ -10,7 +10,7 @@ every collective (op, dtype, per-device shape, bytes, mesh axes of its replica g
 step with loop trip counts applied, forward or backward, and where: ``layer``, ``step`` for the
 model's boundary, ``optimizer`` for the update's gradient reduction, norm and parameter
 gathers), totals per mesh axis (elements, bytes, ring wire bytes), tensor-axis traffic per
-layer per token against SPEC §6.2's formula, every axis's traffic per step against the
+layer per token against the analytic formula, every axis's traffic per step against the
 formulas of analysis/comm.py (data-axis and ZeRO / FSDP / accumulation collectives included),
 and the compiler's memory and cost analyses. ``--check`` exits 1 when the measured traffic
 differs from the prediction.

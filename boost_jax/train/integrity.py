@@ -11,9 +11,9 @@ codecs are in each array's ``zarr.json``, so any Zarr v3 reader checks them.
 Why zstd's digest and not Zarr v3's ``crc32c`` codec (which orbax puts on the shard index
 only): both are the storage layer's own, both computed by TensorStore's writer threads during
 orbax's background write, but the digest is taken while zstd already holds the chunk in cache,
-the CRC in a separate pass. Measured at the 1B shape on a 2-core CPU
-(``python -m boost_jax.bench checkpoint``): the digest costs under 1 % of a save (within the
-noise), the CRC 5 %.
+the CRC in a separate pass: encoding 512 MiB of random floats, the CRC added 12 % to the zstd
+encode, the digest 4 %. At the 1B shape on a 2-core CPU the digest costs 3 % of a save
+(``python -m boost_jax.bench checkpoint``).
 
 **A finite state of the right step.** :func:`verify` is one jitted reduction over the restored
 state: every floating value finite, and the state's ``step`` counter equal to the checkpoint's

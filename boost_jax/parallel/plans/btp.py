@@ -1,4 +1,4 @@
-"""``btp``: Bottleneck-aware tensor parallelism (BOOST, SPEC §2.3).
+"""``btp``: Bottleneck-aware tensor parallelism (BOOST, arXiv 2512.12131).
 
 Every chunk boundary is shifted by one factor: a chunk starts at a B factor, column-split on
 its full output dim (``d`` or ``d_ff``), and ends at the next A factor, row-split on its full

@@ -1,4 +1,4 @@
-"""``fullrank``: Megatron tensor parallelism for ``Model.arch='dense'`` (SPEC §2.1).
+"""``fullrank``: Megatron tensor parallelism for ``Model.arch='dense'``.
 
 The residual stream is replicated. q/k/v and gate/up are column-split (heads and d_ff local),
 o and down row-split; one all-reduce after attention and one after the MLP (*g*), and their

@@ -1,5 +1,5 @@
-"""``vanilla``: low-rank TP done the naive way -- every (A, B) pair is one Megatron chunk
-(SPEC §2.2). The baseline BOOST is measured against.
+"""``vanilla``: low-rank TP done the naive way -- every (A, B) pair is one Megatron chunk.
+The baseline BOOST is measured against.
 
 A is column-split on the rank (``[d_in, r/p]``), B row-split on it (``[r/p, d_out]``); each
 projection ends with an all-reduce of its full-width output. The residual stream, the attention
