@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 COMPUTE = ("gemm", "attention", "elementwise", "optimizer")
 COMMUNICATION = ("tp", "pp", "dp")
@@ -111,6 +112,7 @@ def loss_curves(runs: dict[str, list[dict]], metric: str = "loss", title: str = 
     if not plotted:
         raise ValueError(f"no run has {metric!r} entries")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_ylabel(METRIC_AXES.get(metric, metric))
     ax.set_title(title, fontsize=9, loc="left")
     ax.grid(alpha=0.3)
