@@ -73,7 +73,7 @@ def _setup(config: Config) -> None:
 
         each = f" in each of {jax.process_count()} processes" if jax.process_count() > 1 else ""
         say(f"no accelerator: simulating {local} CPU devices{each} for the (data, pipe, tensor) "
-            f"mesh {config.parallel.shape}")
+            f"mesh {config.parallel.shape}", file=sys.stderr)  # stdout may be --json
 
 
 def run_command(prog: str, body: Callable[[Config], int | None]) -> int:

@@ -23,7 +23,9 @@ import numpy as np
 from boost_jax.config import ConfigError, Model
 
 LOWRANK_ARCHS = ("svd", "cola")
-_INSTALL_HINT = 'load_hf needs torch and transformers; install them with pip install -e ".[test]"'
+_INSTALL_HINT = ("load_hf needs torch and transformers: pip install -e \".[test]\" (transformers) "
+                 "and torch, e.g. its CPU build: pip install torch --index-url "
+                 "https://download.pytorch.org/whl/cpu")
 
 
 def _rope_theta(hf_config: Any) -> float:

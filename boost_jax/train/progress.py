@@ -12,7 +12,9 @@ make the throughput jump; the ETA is the remaining steps at the window's pace.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+from typing import TextIO
 
 import jax
 
@@ -20,10 +22,10 @@ CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
                 "/jax/compilation_cache/cache_misses": "misses"}  # jax/_src/compiler.py
 
 
-def say(message: str) -> None:
-    """Print ``message`` as one plain line on process 0."""
+def say(message: str, file: TextIO | None = None) -> None:
+    """Print ``message`` as one plain line on process 0 (to ``file``, default stdout)."""
     if jax.process_index() == 0:
-        print(message, flush=True)
+        print(message, file=file or sys.stdout, flush=True)
 
 
 def duration(seconds: float) -> str:

@@ -65,7 +65,7 @@ def test_two_processes_equal_one_and_checkpoints_cross_over(tiny_data, tmp_path)
     ref = _losses(one)
     assert _same(_losses(two), ref, range(1, 7))
     out = _run(1, _flags(tiny_data, two, 9))              # written by 2, resumed by 1
-    assert "resumed from" in out.stderr and "at step 6" in out.stderr
+    assert "resumed from" in out.stdout and "at step 6" in out.stdout
     assert _same(_losses(two), ref, range(7, 10))
     back = tmp_path / "back"                              # written by 1, resumed by 2
     shutil.copytree(one, back)
@@ -212,7 +212,7 @@ def test_a_checkpoint_unreadable_on_one_host_is_given_up_by_all(tiny_data, tmp_p
     assert sorted(line[:4] for line in damaged) == ["[p0]", "[p1]"], out.stderr[-3000:]
     assert any("another process" in line for line in damaged)
     assert any("Input/output error (injected)" in line for line in damaged)
-    assert "resumed from" in out.stderr and "at step 3" in out.stderr
+    assert "resumed from" in out.stdout and "at step 3" in out.stdout
     assert _steps(work) == [3, 6, 9] or _steps(work)[-1] == 9
     assert len(list((work / "checkpoints").glob("corrupt-6-*"))) == 1
     assert _same(_losses(work), reference, range(1, 10))

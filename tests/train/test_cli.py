@@ -145,7 +145,7 @@ def test_cli_resume_40_then_80_equals_fresh_80(tiny_data, tmp_path):
         out = subprocess.run(_cmd(tmp_path / workdir, *gin, f"Train.steps={steps}"),
                              capture_output=True, text=True, timeout=600, env=_env())
         assert out.returncode == 0, out.stderr[-2000:]
-        logs.append(out.stderr)
+        logs.append(out.stdout)
     assert "at step 40" in logs[1] and "resumed from" in logs[1]
     assert "resumed from" not in logs[2]
     a, b = _losses(tmp_path / "w"), _losses(tmp_path / "fresh")
@@ -164,7 +164,7 @@ def test_default_run_learns(tmp_path):
     assert len(losses) == 300
     first, last = (sum(losses[k] for k in range(a, a + 10)) / 10 for a in (1, 291))
     assert last < first - 2
-    assert "eval perplexity" in out.stderr
+    assert "eval perplexity" in out.stdout
     assert json.loads((tmp_path / "config.json").read_text())["Model"]["arch"] == "cola"
 
 
@@ -174,10 +174,10 @@ FAULTS = str(REPO / "tests" / "faults")
 def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path):
     """SIGKILL while checkpoint 4's metadata is written (arrays already on disk), then while
     checkpoint 6 is being committed (all written, not renamed), then a plain resume: the same
-    losses as an uninterrupted run, each step once in metrics.jsonl, the lost tails of the
-    killed runs in the side files, no temporary directory left."""
+    losses as an uninterrupted run, each step's train and eval entries once in metrics.jsonl,
+    the lost tails of the killed runs in the side files, no temporary directory left."""
     gin = [*_tiny_gin(tiny_data), "Train.steps=10", "Train.schedule_steps=10",
-           "Train.checkpoint_every=2", "Train.eval_every=1000"]
+           "Train.checkpoint_every=2", "Train.eval_every=3"]
     ref = tmp_path / "ref"
     assert subprocess.run(_cmd(ref, *gin), capture_output=True, env=_env(),
                           timeout=300).returncode == 0
@@ -197,6 +197,7 @@ def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path):
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == list(range(1, 11))
     assert [r["loss"] for r in rows if "loss" in r] == list(_losses(ref).values())
+    assert [r["step"] for r in rows if "eval_loss" in r] == [3, 6, 9, 10]  # each eval once
     assert sorted(p.name for p in work.glob("metrics.rewound-*")) == [
         "metrics.rewound-2.jsonl", "metrics.rewound-4.jsonl"]
     assert not list((work / "checkpoints").glob("*tmp*"))
