@@ -1,0 +1,45 @@
+"""What every command shares (boost_jax/cli.py): bad flags and usage errors are one line on
+stderr with exit code 2; ``BOOST_JAX_DEBUG=1`` shows the traceback instead."""
+
+import sys
+
+import pytest
+
+from boost_jax import cli
+from boost_jax.bench.__main__ import main as bench_main
+from boost_jax.tools.comm_report import main as comm_report_main
+
+
+def _exit_code(monkeypatch, prog, main, argv):
+    monkeypatch.setattr(sys, "argv", [prog, *argv])
+    with pytest.raises(SystemExit) as info:
+        cli.run_app(prog, main)
+    return info.value.code
+
+
+@pytest.mark.parametrize("prog, main, argv, needle", [
+    ("bench", bench_main, ["nosuch"], "bench: error: unknown benchmark 'nosuch'; usage: python "
+                                      "-m boost_jax.bench {tp|"),
+    ("bench", bench_main, [], "bench: error: no benchmark named; usage:"),
+    ("comm_report", comm_report_main, ["--bogus"],
+     "comm_report: error: Unknown command line flag 'bogus' (see --help)"),
+    ("comm_report", comm_report_main, ["--seq_len=4"], "Unknown command line flag 'seq_len'; "
+                                                       "config fields are gin bindings: "
+                                                       "--gin_param=Train.seq_len=..."),
+    ("comm_report", comm_report_main, ["extra"], "comm_report: error: unexpected arguments: "
+                                                 "extra"),
+])
+def test_flag_and_usage_errors_are_one_line(monkeypatch, capsys, prog, main, argv, needle):
+    monkeypatch.delenv("BOOST_JAX_DEBUG", raising=False)
+    assert _exit_code(monkeypatch, prog, main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_the_debug_switch_raises(monkeypatch):
+    err = ValueError("Train.steps=0 must be a positive integer")
+    monkeypatch.setenv("BOOST_JAX_DEBUG", "1")
+    with pytest.raises(ValueError, match="Train.steps=0"):
+        cli.user_error("boost_jax.train", err)
+    monkeypatch.setenv("BOOST_JAX_DEBUG", "0")
+    assert cli.user_error("boost_jax.train", err) == 2
