@@ -10,8 +10,10 @@ asks for as many CPU devices as the mesh needs (before JAX starts its backends) 
 
 from __future__ import annotations
 
+import dataclasses
 import logging as pylogging
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from boost_jax.config import Config, ConfigError
-from boost_jax.gin_io import load_config, parse_gin
+from boost_jax.gin_io import GROUPS, load_config, parse_gin
 
 FLAGS = flags.FLAGS
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -104,12 +106,8 @@ def user_error(prog: str, err: Exception) -> int:
 
 
 def _gin_hint(err: flags.Error) -> str:
-    """``; did you mean --gin_param=Train.steps=...`` for a flag that is a config field."""
-    import dataclasses
-    import re
-
-    from boost_jax.gin_io import GROUPS
-
+    """``; config fields are gin bindings: --gin_param=Train.steps=...`` for a flag that is a
+    config field."""
     name = re.search(r"Unknown command line flag '([\w-]+)'", str(err))
     fields = [f"{cls.__name__}.{f.name}" for cls in GROUPS.values()
               for f in dataclasses.fields(cls) if name and f.name == name.group(1)]

@@ -50,17 +50,13 @@ def _encode(arrays: list, checksum: bool) -> None:
     orbax's save does, with or without the chunk checksum: the save's encode step, without the
     disk's noise."""
     import tensorstore as ts
-    from orbax.checkpoint._src.serialization import tensorstore_utils
 
-    from boost_jax.train.integrity import install_chunk_checksums
+    from boost_jax.train.integrity import zarr3_metadata
 
-    install_chunk_checksums()
-    build = tensorstore_utils._build_zarr3_metadata
-    build = build if checksum else build.unwrapped
     writes = []
     for x in arrays:
         shape = list(x.shape) or [1]
-        meta = {**build(shape, shape, True), "data_type": str(x.dtype)}
+        meta = {**zarr3_metadata(shape, checksum), "data_type": str(x.dtype)}
         store = ts.open({"driver": "zarr3", "kvstore": {"driver": "memory"}, "metadata": meta,
                          "create": True}).result()
         writes.append(store.write(x.reshape(shape)))

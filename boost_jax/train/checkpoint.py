@@ -51,26 +51,26 @@ class Restored:
     step: int
 
 
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and its causes, outermost first."""
+    chain = []
+    while err is not None and all(err is not e for e in chain):
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
 def _one_line(err: BaseException, limit: int = 300) -> str:
     """The root cause of ``err`` (TensorStore's own message, e.g. "DATA_LOSS: ... Digest
     mismatch", lies under orbax's "Encountered error while reading ...") on one line."""
-    seen = set()
-    while (err.__cause__ or err.__context__) is not None and id(err) not in seen:
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    text = str(err).split("See full TensorStore details")[0]  # then a page of JSON spec
-    return f"{type(err).__name__}: {' '.join(text.split())[:limit]}"
+    root = _chain(err)[-1]
+    text = str(root).split("See full TensorStore details")[0]  # then a page of JSON spec
+    return f"{type(root).__name__}: {' '.join(text.split())[:limit]}"
 
 
 def _os_error(err: BaseException) -> OSError | None:
     """The OSError behind ``err`` (itself, or along its causes), if any."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    return next((e for e in _chain(err) if isinstance(e, OSError)), None)
 
 
 @contextlib.contextmanager

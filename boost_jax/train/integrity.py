@@ -75,6 +75,14 @@ def install_chunk_checksums() -> None:
     tensorstore_utils._build_zarr3_metadata = _with_chunk_checksum(build)
 
 
+def zarr3_metadata(shape: list[int], checksum: bool = True) -> dict:
+    """The Zarr v3 metadata orbax writes for an array of ``shape`` in one chunk, with or
+    without the chunk checksum (for ``bench checkpoint``'s encode timing)."""
+    install_chunk_checksums()
+    build = tensorstore_utils._build_zarr3_metadata
+    return (build if checksum else build.unwrapped)(shape, shape, True)
+
+
 @contextlib.contextmanager
 def chunk_checksums_off():
     """Write without chunk checksums inside this block (for ``bench checkpoint`` only)."""
