@@ -11,6 +11,7 @@ config of a run) is in :mod:`boost_jax.gin_io`.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
 import gin
@@ -26,6 +27,7 @@ SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
 PACKINGS = ("concat", "document")
 NONFINITE = ("stop", "skip")
+OPTIMIZERS = ("adamw", "loro")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
 
 
@@ -43,6 +45,9 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string",
 
 
 def _accepts(kind: type, value) -> bool:
+    if typing.get_origin(kind) is tuple:  # tuple[str, ...]
+        item = typing.get_args(kind)[0]
+        return isinstance(value, tuple) and all(_accepts(item, v) for v in value)
     if kind is type(None) or kind is str or kind is bool:
         return isinstance(value, kind)
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
@@ -54,9 +59,11 @@ def _check_types(obj) -> None:
     stored as a float); else a ConfigError naming the binding."""
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        value, kinds = getattr(obj, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+        hint = hints[f.name]
+        value = getattr(obj, f.name)
+        kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         if not any(_accepts(k, value) for k in kinds):
-            expected = " or ".join(_TYPE_NAMES[k] for k in kinds)
+            expected = " or ".join(_TYPE_NAMES.get(k, "a tuple of strings") for k in kinds)
             raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {expected}")
         if float in kinds and isinstance(value, int):
             _set(obj, **{f.name: float(value)})
@@ -282,14 +289,30 @@ class Train:
                             "applied; then stop (end the run, no checkpoint over the last good "
                             "one) | skip (go on, up to max_skips in a row)")
     max_skips: int = _field(10, "nonfinite='skip': most steps skipped in a row")
+    optimizer: str = _field("adamw", "adamw | loro (low-rank Riemannian steps on the svd "
+                            "factors, AdamW on the rest)")
+    loro_exact_every: int = _field(500, "loro: steps between exact Riemannian steps (the "
+                                   "paper's K)")
+    sample_every: int | None = _field(None, "steps between greedy samples from "
+                                      "sample_prompts, logged to metrics and TensorBoard "
+                                      "(None: never)")
+    sample_prompts: tuple[str, ...] = _field(("ROMEO:", "The king"), "prompts of the logged "
+                                             "samples")
+    sample_tokens: int = _field(32, "new tokens per logged sample")
 
     def __post_init__(self):
         _check_types(self)
         _check(self.nonfinite in NONFINITE,
                f"Train.nonfinite={self.nonfinite!r} must be one of {', '.join(NONFINITE)}")
         _check(self.max_skips >= 0, f"Train.max_skips={self.max_skips} must be >= 0")
+        _check(self.optimizer in OPTIMIZERS,
+               f"Train.optimizer={self.optimizer!r} must be one of {', '.join(OPTIMIZERS)}")
+        _check(self.sample_every is None or self.sample_every > 0,
+               f"Train.sample_every={self.sample_every} must be a positive integer or None")
+        _check(bool(self.sample_prompts) and all(self.sample_prompts),
+               f"Train.sample_prompts={self.sample_prompts!r} must be non-empty strings")
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "keep_checkpoints",
-                     "eval_every", "log_every"):
+                     "eval_every", "log_every", "loro_exact_every", "sample_tokens"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value > 0,
                    f"Train.{name}={value!r} must be a positive integer")
