@@ -11,11 +11,14 @@ config of a run) is in :mod:`boost_jax.gin_io`.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 
 import gin
 
+from boost_jax.config_fields import ConfigError  # noqa: F401  (re-exported: the one error type)
+from boost_jax.config_fields import check as _check
+from boost_jax.config_fields import check_types as _check_types
+from boost_jax.config_fields import config_field as _field
+from boost_jax.config_fields import set_values as _set
 from boost_jax.models.presets import PRESETS
 
 ARCHS = ("dense", "svd", "cola", "lax")
@@ -28,55 +31,9 @@ DTYPES = ("float32", "bfloat16")
 PACKINGS = ("concat", "document")
 NONFINITE = ("stop", "skip")
 OPTIMIZERS = ("adamw", "loro")
+ATTENTIONS = ("auto", "xla", "cudnn")
+KERNELS = ("auto", "triton", "xla")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line before any compilation."""
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string",
-               bool: "a boolean (True or False)", type(None): "None"}
-
-
-def _accepts(kind: type, value) -> bool:
-    if typing.get_origin(kind) is tuple:  # tuple[str, ...]
-        item = typing.get_args(kind)[0]
-        return isinstance(value, tuple) and all(_accepts(item, v) for v in value)
-    if kind is type(None) or kind is str or kind is bool:
-        return isinstance(value, kind)
-    numeric = isinstance(value, int | float) and not isinstance(value, bool)
-    return numeric and (kind is float or isinstance(value, int))
-
-
-def _check_types(obj) -> None:
-    """Every field holds a value of its annotated type (a float field takes an integer too,
-    stored as a float); else a ConfigError naming the binding."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        hint = hints[f.name]
-        value = getattr(obj, f.name)
-        kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        if not any(_accepts(k, value) for k in kinds):
-            expected = " or ".join(_TYPE_NAMES.get(k, "a tuple of strings") for k in kinds)
-            raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {expected}")
-        if float in kinds and isinstance(value, int):
-            _set(obj, **{f.name: float(value)})
-
-
-def _field(default, help: str):
-    """A config field: its default and its one-line meaning (``--print_config`` shows it)."""
-    return dataclasses.field(default=default, metadata={"help": help})
-
-
-def _set(obj, **kw) -> None:
-    for k, v in kw.items():
-        object.__setattr__(obj, k, v)
 
 
 @gin.configurable
@@ -207,6 +164,10 @@ class Parallel:
     grad_accum: int = _field(1, "gradient accumulation micro-steps per step")
     zero: int = _field(0, "state layout over 'data': 0 replicated | 1 ZeRO-1 (optimizer state "
                        "split) | 3 FSDP (parameters split too)")
+    attention: str = _field("auto", "attention core: auto (cuDNN flash attention on a GPU in "
+                            "bf16, else XLA) | xla | cudnn")
+    kernels: str = _field("auto", "btp chunk-boundary ops: auto (Triton on a GPU with "
+                          "jax-triton, else XLA) | triton | xla")
 
     def __post_init__(self):
         _check_types(self)
@@ -236,6 +197,9 @@ class Parallel:
         _check(self.microbatches == 1 or self.pipe > 1,
                f"Parallel.microbatches={self.microbatches} splits a pipeline pass, but "
                "Parallel.pipe=1; for gradient accumulation set Parallel.grad_accum instead")
+        for name, choices in (("attention", ATTENTIONS), ("kernels", KERNELS)):
+            _check(getattr(self, name) in choices, f"Parallel.{name}={getattr(self, name)!r} "
+                   f"is not one of {', '.join(choices)}")
         _check(self.zero in ZERO_STAGES,
                f"Parallel.zero={self.zero!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
         _check(self.zero != 3 or self.pipe == 1,

@@ -7,7 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the suite runs on 8 simulated CPU devices; on a GPU host BOOST_JAX_GPU_TESTS=1 adds the GPU as a
+# second platform (the default stays CPU) for the tests marked `gpu` (tests/gpu.py)
+os.environ.setdefault("JAX_PLATFORMS",
+                      "cpu,cuda" if os.environ.get("BOOST_JAX_GPU_TESTS") == "1" else "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_force_host_platform_device_count=8").strip()

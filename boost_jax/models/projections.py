@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from boost_jax.kernels.reference import activate
 from boost_jax.models.init import Init, param
 from boost_jax.models.norms import layer_norm
 from boost_jax.parallel.plans.base import Plan
@@ -44,8 +45,12 @@ def balanced_factors(n: int) -> tuple[int, int]:
     return a, n // a
 
 
+#: the activation between the factors (boost_jax.kernels.reference.activate names)
+LATENT_ACTS = {"svd": "identity", "cola": "silu", "lax": "silu"}
+
+
 def latent_act(arch: str, z: jax.Array) -> jax.Array:
-    return z if arch == "svd" else jax.nn.silu(z)
+    return activate(z, LATENT_ACTS[arch])
 
 
 class Crossing(nnx.Module):
@@ -160,12 +165,15 @@ class Fanout(nnx.Module, _LowRankLatent):
                                   for j in range(w.shape[1])], axis=2)
                     for n, w in weights.items()}, None
         a = self.a[...]
+        # the plan applies sigma with the norm's recovery (one kernel on GPUs), except for
+        # LaX, whose crossing comes between the two
+        act = "identity" if self.arch == "lax" else LATENT_ACTS[self.arch]
         if grouped:
-            z = plan.norm_down(h, scale, eps, lambda x: jnp.einsum("bsd,dcr->bscr", x, a))
+            z = plan.norm_down(h, scale, eps, lambda x: jnp.einsum("bsd,dcr->bscr", x, a), act)
         else:
-            z = jnp.stack([plan.norm_down(h, scale, eps, lambda x, i=i: x @ a[:, i])
+            z = jnp.stack([plan.norm_down(h, scale, eps, lambda x, i=i: x @ a[:, i], act)
                            for i in range(self.members)], axis=2)
-        z, latent = self._latent(z, prev)
+        z, latent = self._latent(z, prev) if self.arch == "lax" else (z, None)
         b = {name: getattr(self, f"b_{name}")[...] for name, *_ in self.outs}
         slices, start = {}, 0
         for name, m, _, _ in self.outs:

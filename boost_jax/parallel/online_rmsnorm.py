@@ -24,6 +24,12 @@ Two hand-written derivatives save activation memory (the math is JAX's): the las
 it), so each fused norm keeps one ``[T, c r]`` activation less; and the fused all-reduce
 (:func:`psum_together`) hands back the two cotangents without concatenating them.
 
+With ``impl='triton'`` (``Parallel.kernels``, GPUs) the local pass and the recovery are one
+Triton kernel each (boost_jax/kernels: the local pass reads the residual shard once and writes
+the GEMM input and the statistic; the recovery reads the all-reduced payload once, divides by
+the global RMS and applies the latent activation); the payload is then all-reduced as one
+``[T, c r + 1]`` buffer whose cotangent the recovery kernel writes whole.
+
 The fused payload travels in ``payload_dtype``: the compute dtype (``[T, c r + 1]`` in bf16
 under bf16 training, the statistic then rounded to bf16) or float32 (the statistic exact, the
 payload twice as wide in bf16 runs). The statistic is always accumulated locally in fp32.
@@ -38,6 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from boost_jax.kernels.ops import norm_local, recover
+from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import sum_squares
 from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
 
@@ -45,12 +53,17 @@ TENSOR = "tensor"
 
 
 def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
-                     payload_dtype=None) -> jax.Array:
-    """``gemm(RMSNorm(x))`` for ``x [b, s, d/p]`` sharded on ``tensor``, with one all-reduce.
+                     payload_dtype=None, act: str = "identity", impl: str = "xla"
+                     ) -> jax.Array:
+    """``act(gemm(RMSNorm(x)))`` for ``x [b, s, d/p]`` sharded on ``tensor``, with one
+    all-reduce.
 
     ``gemm`` maps ``[b, s, d/p]`` to this rank's partial product ``[b, s, ...]`` (e.g.
-    ``[b, s, 3, r]``); the result has the same shape, replicated over ``tensor``.
+    ``[b, s, 3, r]``); the result has the same shape, replicated over ``tensor``. ``impl``:
+    ``xla`` or ``triton`` (:func:`boost_jax.kernels.resolve`).
     """
+    if impl == "triton":
+        return _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act)
     d = x.shape[-1] * lax.axis_size(TENSOR)
     s_i = sum_squares(x)  # [b, s, 1] fp32
     # rho_i cancels exactly ((x_i / rho_i) A_i rho_i = x_i A_i): it only conditions the GEMM,
@@ -62,8 +75,22 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
     dtype = payload_dtype or h_i.dtype
     h, s = tag(psum_together((h_i.reshape(*lead, -1) * rho_i).astype(dtype),
                              s_i.astype(dtype)), LATENT)
-    return divide_by_rms(h.astype(jnp.float32).reshape(*lead, *tail), s.astype(jnp.float32),
-                         d, eps, h_i.dtype)
+    return activate(divide_by_rms(h.astype(jnp.float32).reshape(*lead, *tail),
+                                  s.astype(jnp.float32), d, eps, h_i.dtype), act)
+
+
+def _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act):
+    """:func:`online_norm_down` on the Triton kernels: local pass, GEMM, one all-reduce of the
+    ``[b, s, c r + 1]`` payload, recovery + ``act``."""
+    d = x.shape[-1] * lax.axis_size(TENSOR)
+    x_hat, s_i, rho_i = norm_local(x, scale, eps, "triton")
+    h_i = gemm(x_hat)
+    lead, tail = h_i.shape[:2], h_i.shape[2:]
+    dtype = payload_dtype or h_i.dtype
+    payload = jnp.concatenate([(h_i.reshape(*lead, -1) * rho_i).astype(dtype),
+                               s_i.astype(dtype)], axis=-1)
+    payload = tag(lax.psum(payload, TENSOR), LATENT)
+    return recover(payload, d, eps, act, h_i.dtype, "triton").reshape(*lead, *tail)
 
 
 @jax.custom_vjp
@@ -112,10 +139,11 @@ def _divide_bwd(d, eps, dtype, res, dy):
 divide_by_rms.defvjp(lambda h, s, d, eps, dtype: _divide(h, s, d, eps, dtype), _divide_bwd)
 
 
-def sync_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable) -> jax.Array:
+def sync_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
+                   act: str = "identity") -> jax.Array:
     """The same result as :func:`online_norm_down` with the statistic all-reduced first."""
     d = x.shape[-1] * lax.axis_size(TENSOR)
     s = tag(lax.psum(sum_squares(x), TENSOR), NORM_STAT)
     inv = lax.rsqrt(s / d + eps)
     x_hat = (x.astype(jnp.float32) * inv * scale.astype(jnp.float32)).astype(x.dtype)
-    return tag(lax.psum(gemm(x_hat), TENSOR), LATENT)
+    return activate(tag(lax.psum(gemm(x_hat), TENSOR), LATENT), act)

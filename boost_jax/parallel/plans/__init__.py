@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from boost_jax.config import Parallel
+from boost_jax.kernels import resolve as resolve_kernels
 from boost_jax.parallel.plans.base import Plan
 from boost_jax.parallel.plans.btp import BTPPlan
 from boost_jax.parallel.plans.fullrank import FullRankPlan
@@ -22,4 +23,4 @@ def get_plan(parallel: Parallel) -> Plan:
     if parallel.tp_plan == "vanilla":
         return VanillaPlan(**options)
     payload = jnp.float32 if parallel.norm_payload == "float32" else None
-    return BTPPlan(parallel.rmsnorm, payload, **options)
+    return BTPPlan(parallel.rmsnorm, payload, resolve_kernels(parallel.kernels), **options)

@@ -7,8 +7,8 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
 =================  ==========================================================================
 ``embed``          token ids -> residual stream (the plan's residual layout)
 ``norm``           RMSNorm of the residual for a dense (full-rank) projection's input
-``norm_down``      RMSNorm + a low-rank A factor (``gemm``) -> latent; where BTP fuses the
-                   norm statistic into the latent's collective
+``norm_down``      RMSNorm + a low-rank A factor (``gemm``) + the latent activation ->
+                   latent; where BTP fuses the norm statistic into the latent's collective
 ``down``           a row-type GEMM (A factor, or a dense o/down weight) and its reduction
 ``up``             a column-type GEMM (B factor, or a dense q/kv/gate/up weight)
 ``final_norm``     residual stream -> the final RMSNorm's full-width output the head reads
@@ -36,6 +36,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model
+from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import rms_norm
 from boost_jax.parallel.remat import LATENT, tag
 from boost_jax.parallel.vocab import vocab_cross_entropy, vocab_embed
@@ -118,8 +119,11 @@ class Plan:
     def norm(self, h: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
         return rms_norm(h, scale, eps)
 
-    def norm_down(self, h: jax.Array, scale: jax.Array, eps: float, gemm: Gemm) -> jax.Array:
-        return tag(gemm(rms_norm(h, scale, eps)), LATENT)
+    def norm_down(self, h: jax.Array, scale: jax.Array, eps: float, gemm: Gemm,
+                  act: str = "identity") -> jax.Array:
+        """``act(gemm(RMSNorm(h)))``; ``act`` names the latent activation
+        (:data:`boost_jax.kernels.reference.ACTIVATIONS`)."""
+        return activate(tag(gemm(rms_norm(h, scale, eps)), LATENT), act)
 
     def down(self, x: jax.Array, gemm: Gemm):
         return tag(gemm(x), LATENT)

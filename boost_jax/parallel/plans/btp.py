@@ -33,9 +33,12 @@ class BTPPlan(VocabParallelPlan):
              "vocab": TENSOR}
     replicated_hidden = False  # the all-gathered hidden state is already 'varying'
 
-    def __init__(self, rmsnorm: str = "online", payload_dtype=None, **options):
+    def __init__(self, rmsnorm: str = "online", payload_dtype=None, kernels: str = "xla",
+                 **options):
         super().__init__(**options)
         self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
+        #: ``xla`` | ``triton``: who runs the online norm's local pass and recovery
+        self.kernels = kernels
 
     def divisible(self, model: Model):
         # d_model = n_heads * head_dim, so heads dividing implies d does
@@ -46,10 +49,10 @@ class BTPPlan(VocabParallelPlan):
         """This rank's ``[b, s, d/p]`` block of the embedding (one reduce-scatter)."""
         return vocab_embed(tokens, table, scatter=True)
 
-    def norm_down(self, h, scale, eps, gemm):
+    def norm_down(self, h, scale, eps, gemm, act="identity"):
         if self.rmsnorm == "online":
-            return online_norm_down(h, scale, eps, gemm, self.payload_dtype)
-        return sync_norm_down(h, scale, eps, gemm)
+            return online_norm_down(h, scale, eps, gemm, self.payload_dtype, act, self.kernels)
+        return sync_norm_down(h, scale, eps, gemm, act)
 
     def down(self, x, gemm):
         """A factor: row-split on its full input dim; the r-wide latent is all-reduced."""

@@ -10,6 +10,7 @@ core and ``gate * up`` are replicated (computed redundantly on every rank). Per 
 from __future__ import annotations
 
 from boost_jax.config import ConfigError, Model
+from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import rms_norm
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 from boost_jax.parallel.remat import LATENT, REDUCED, tag
@@ -32,8 +33,8 @@ class VanillaPlan(VocabParallelPlan):
         return [("Model.attn_rank", model.attn_rank), ("Model.mlp_rank", model.mlp_rank),
                 *super().divisible(model)]
 
-    def norm_down(self, h, scale, eps, gemm):
-        return tag(gemm(f_op(rms_norm(h, scale, eps))), LATENT)
+    def norm_down(self, h, scale, eps, gemm, act="identity"):
+        return activate(tag(gemm(f_op(rms_norm(h, scale, eps))), LATENT), act)
 
     def down(self, x, gemm):
         """A factor: replicated input, latent split on the rank."""

@@ -1,0 +1,56 @@
+"""What every config field shares: its help text, a type check of its value, and the one-line
+:class:`ConfigError` a bad value raises (used by :mod:`boost_jax.config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line before any compilation."""
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string",
+               bool: "a boolean (True or False)", type(None): "None"}
+
+
+def _accepts(kind: type, value) -> bool:
+    if typing.get_origin(kind) is tuple:  # tuple[str, ...]
+        item = typing.get_args(kind)[0]
+        return isinstance(value, tuple) and all(_accepts(item, v) for v in value)
+    if kind is type(None) or kind is str or kind is bool:
+        return isinstance(value, kind)
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return numeric and (kind is float or isinstance(value, int))
+
+
+def check_types(obj) -> None:
+    """Every field holds a value of its annotated type (a float field takes an integer too,
+    stored as a float); else a ConfigError naming the binding."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        hint = hints[f.name]
+        value = getattr(obj, f.name)
+        kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if not any(_accepts(k, value) for k in kinds):
+            expected = " or ".join(_TYPE_NAMES.get(k, "a tuple of strings") for k in kinds)
+            raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {expected}")
+        if float in kinds and isinstance(value, int):
+            set_values(obj, **{f.name: float(value)})
+
+
+def config_field(default, help: str):
+    """A config field: its default and its one-line meaning (``--print_config`` shows it)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def set_values(obj, **kw) -> None:
+    for k, v in kw.items():
+        object.__setattr__(obj, k, v)

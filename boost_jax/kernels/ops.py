@@ -1,0 +1,153 @@
+"""BTP's chunk-boundary ops as JAX functions with custom VJPs, on Triton (``jax_triton``) or
+XLA (the ``jnp`` reference, fused by XLA).
+
+* :func:`norm_local` -- the online-RMSNorm local pass: ``x [..., D]`` -> ``(x_hat, s, rho)``;
+* :func:`recover` -- the post-psum recovery + sigma: ``payload [..., C + 1]`` -> ``y [..., C]``.
+
+The math and its derivatives are in :mod:`boost_jax.kernels.reference`. Both ops take leading
+axes (``[b, s, ...]``) and run on ``T = b * s`` rows. ``impl='triton'`` needs a GPU and
+jax-triton (:func:`boost_jax.kernels.resolve` chooses); each kernel launch is one read of
+its inputs and one write of its outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from boost_jax.kernels import reference as ref
+
+#: token rows per Triton program (each program holds BLOCK_T x next_pow2(width) values)
+BLOCK_T = 4
+IMPLS = ("xla", "triton")
+
+
+def _rows(x: jax.Array) -> tuple[jax.Array, tuple[int, ...]]:
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _grid(t: int) -> tuple[int]:
+    return (-(-t // BLOCK_T),)
+
+
+def _triton():
+    import jax_triton as jt
+
+    from boost_jax.kernels import triton_kernels as tk
+
+    return jt, tk
+
+
+# --- online-RMSNorm local pass -------------------------------------------------------------
+def _norm_fwd_triton(x, gamma, eps):
+    jt, tk = _triton()
+    t, width = x.shape
+    f32 = jax.ShapeDtypeStruct((t,), jnp.float32)
+    x_hat, s, rho = jt.triton_call(
+        x, gamma, kernel=tk.norm_local_fwd_kernel,
+        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), f32, f32), grid=_grid(t),
+        T=t, D=width, eps=np.float32(eps), BLOCK_T=BLOCK_T, BLOCK_D=_pow2(width))
+    return x_hat, s[:, None], rho[:, None]
+
+
+def _norm_bwd_triton(x, gamma, rho, dx_hat, ds):
+    jt, tk = _triton()
+    t, width = x.shape
+    programs = _grid(t)[0]
+    dx, dg = jt.triton_call(
+        x, gamma, rho.reshape(t), dx_hat, ds.reshape(t).astype(jnp.float32),
+        kernel=tk.norm_local_bwd_kernel,
+        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
+                   jax.ShapeDtypeStruct((programs, width), jnp.float32)),
+        grid=(programs,), T=t, D=width, BLOCK_T=BLOCK_T, BLOCK_D=_pow2(width))
+    return dx, jnp.sum(dg, axis=0).astype(gamma.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _norm_local_2d(x, gamma, eps, impl):
+    return _norm_local_2d_fwd(x, gamma, eps, impl)[0]
+
+
+def _norm_local_2d_fwd(x, gamma, eps, impl):
+    out = (_norm_fwd_triton if impl == "triton" else ref.norm_local_fwd)(x, gamma, eps)
+    return out, (x, gamma, out[2])
+
+
+def _norm_local_2d_bwd(eps, impl, res, cts):
+    x, gamma, rho = res
+    dx_hat, ds, _ = cts  # rho is a constant for differentiation
+    return (_norm_bwd_triton if impl == "triton" else ref.norm_local_bwd)(x, gamma, rho, dx_hat,
+                                                                          ds)
+
+
+_norm_local_2d.defvjp(_norm_local_2d_fwd, _norm_local_2d_bwd)
+
+
+def norm_local(x: jax.Array, gamma: jax.Array, eps: float, impl: str = "xla"
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``x [..., D]``, ``gamma [D]`` -> ``(x_hat [..., D], s [..., 1], rho [..., 1])``; ``rho``
+    carries no gradient."""
+    rows, lead = _rows(x)
+    x_hat, s, rho = _norm_local_2d(rows, gamma, eps, impl)
+    return x_hat.reshape(x.shape), s.reshape(*lead, 1), rho.reshape(*lead, 1)
+
+
+# --- post-psum recovery + sigma ------------------------------------------------------------
+def _recover_fwd_triton(payload, d, eps, act, dtype):
+    jt, tk = _triton()
+    t, width = payload.shape
+    c = width - 1
+    y, z, rms = jt.triton_call(
+        payload, kernel=tk.recover_fwd_kernel,
+        out_shape=(jax.ShapeDtypeStruct((t, c), dtype), jax.ShapeDtypeStruct((t, c), dtype),
+                   jax.ShapeDtypeStruct((t,), jnp.float32)),
+        grid=_grid(t), T=t, C=c, d=d, eps=np.float32(eps), SILU=act == "silu",
+        BLOCK_T=BLOCK_T, BLOCK_C=_pow2(c))
+    return y, z, rms[:, None]
+
+
+def _recover_bwd_triton(z, rms, dy, d, act, payload_dtype):
+    jt, tk = _triton()
+    t, c = z.shape
+    return jt.triton_call(
+        z, rms.reshape(t), dy, kernel=tk.recover_bwd_kernel,
+        out_shape=jax.ShapeDtypeStruct((t, c + 1), payload_dtype), grid=_grid(t),
+        T=t, C=c, d=d, SILU=act == "silu", BLOCK_T=BLOCK_T, BLOCK_C=_pow2(c))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _recover_2d(payload, d, eps, act, dtype, impl):
+    return _recover_2d_fwd(payload, d, eps, act, dtype, impl)[0]
+
+
+def _recover_2d_fwd(payload, d, eps, act, dtype, impl):
+    fwd = _recover_fwd_triton if impl == "triton" else ref.recover_fwd
+    y, z, rms = fwd(payload, d, eps, act, dtype)
+    # the identity activation's y is z: keep one of them
+    return y, (y if act == "identity" else z, rms, jnp.zeros((0,), payload.dtype))
+
+
+def _recover_2d_bwd(d, eps, act, dtype, impl, res, dy):
+    z, rms, like = res
+    bwd = _recover_bwd_triton if impl == "triton" else ref.recover_bwd
+    return (bwd(z, rms, dy, d, act, like.dtype),)
+
+
+_recover_2d.defvjp(_recover_2d_fwd, _recover_2d_bwd)
+
+
+def recover(payload: jax.Array, d: int, eps: float, act: str, dtype, impl: str = "xla"
+            ) -> jax.Array:
+    """``payload [..., C + 1]`` (the all-reduced ``[latent || sum of squares]``) ->
+    ``act(latent / rms) [..., C]`` in ``dtype``; ``d`` is the full residual width."""
+    if act not in ref.ACTIVATIONS:
+        raise ValueError(f"act={act!r} is not one of {', '.join(ref.ACTIVATIONS)}")
+    rows, lead = _rows(payload)
+    return _recover_2d(rows, d, eps, act, jnp.dtype(dtype), impl).reshape(*lead, -1)
