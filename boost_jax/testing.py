@@ -38,12 +38,14 @@ def tiny(arch: str = "cola", **overrides) -> Model:
 
 
 def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
-                   dtype: str = "float32", gspmd: bool = False, packing: dict | None = None):
+                   dtype: str = "float32", gspmd: bool = False, packing: dict | None = None,
+                   devices=None):
     """Loss and parameter gradients of the global batch under ``parallel`` (on the first
     ``parallel.num_devices`` devices; ``gspmd``: its GSPMD baseline), as the train step
     computes them (accumulation and the zero stage's reduction included), as host arrays;
     ``params`` and the gradients in the canonical layout (blocks ``[L, ...]``) whatever the
-    pipeline layout. ``packing``: ``segment_ids`` and ``positions`` of packed rows."""
+    pipeline layout. ``packing``: ``segment_ids`` and ``positions`` of packed rows.
+    ``devices``: where to run (default ``jax.devices()``)."""
     import jax
     import jax.numpy as jnp
 
@@ -51,7 +53,7 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     from boost_jax.parallel.runner import ShardedModel
     from boost_jax.train.step import make_grad_fn
 
-    mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
+    mesh = make_mesh(parallel, (devices or jax.devices())[:parallel.num_devices])
     sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype), gspmd=gspmd)
     p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
     batch = {k: jax.device_put(v, sharded.batch_sharding)

@@ -10,9 +10,8 @@ set -euo pipefail
 
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/boost_jax/jax_cache}"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  # latency hiding; FSDP's per-layer gathers and reduce-scatters pipelined across the layer loop
-  export XLA_FLAGS="${XLA_FLAGS:---xla_gpu_enable_latency_hiding_scheduler=true \
---xla_gpu_enable_pipelined_all_gather=true --xla_gpu_enable_pipelined_reduce_scatter=true}"
-  export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}"
+  # XLA_FLAGS and XLA_PYTHON_CLIENT_MEM_FRACTION from one place (python -m boost_jax.gpu_settings
+  # lists them); a value you set wins
+  eval "$("${PYTHON:-python}" -m boost_jax.gpu_settings --shell)"
 fi
 exec "${PYTHON:-python}" -m boost_jax.train "$@"

@@ -370,12 +370,15 @@ def test_progress_line_example_is_what_the_trainer_prints():
 def test_xla_flags_of_the_launchers_and_readme_are_known_to_jaxlib():
     """A flag XLA does not know aborts every process at start-up; the flag set is the same in
     the CPU and the CUDA builds of one jaxlib version."""
+    from boost_jax import gpu_settings
+
     texts = [README, *LAUNCH.values()]
     flags = {}
     for name, value in re.findall(r"--(xla_\w+)(=[\w.-]+)?", "\n".join(texts)):
         if value or name not in flags:
             flags[name] = value
     assert "xla_gpu_enable_latency_hiding_scheduler" in flags
+    flags.update({f.name: f"={f.value}" for f in gpu_settings.FLAGS})  # the candidates too
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(f"--{k}{v}" for k, v in flags.items()))
     done = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,

@@ -1,0 +1,96 @@
+"""GPU run settings in one place: the XLA GPU flags and the memory fraction the launchers set.
+
+    eval "$(python -m boost_jax.gpu_settings --shell)"      # what launch/*.sh do on GPU hosts
+    python -m boost_jax.gpu_settings                          # the table: flag, value, why
+
+Each flag is listed with why it is set and its status: ``default`` flags are set by the
+launchers, ``pipeline`` flags too when ``BOOST_JAX_XLA_PIPELINE=1``; ``candidate`` flags are measured on and off by ``python -m boost_jax.bench gpu``
+(one step time per setting) and move to ``default`` only when that measurement says they help.
+No flag here has been measured on a GPU yet (no session has had one): every status is the
+starting point MaxText's GPU configurations and JAX's GPU performance guide use.
+
+A variable already in the environment wins: ``XLA_FLAGS`` given by the user replaces these flags
+(``--append`` adds the user's after them), ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    name: str
+    value: str
+    why: str
+    status: str  # default | candidate
+
+
+#: JAX's preallocation share when unset is 0.75; a dedicated training GPU can give more
+MEM_FRACTION = "0.90"
+
+FLAGS = (
+    Flag("xla_gpu_enable_latency_hiding_scheduler", "true",
+         "schedule collectives to overlap with compute", "default"),
+    Flag("xla_gpu_enable_pipelined_all_gather", "true",
+         "FSDP: the next layer's all-gather under this layer's compute", "default"),
+    Flag("xla_gpu_enable_pipelined_reduce_scatter", "true",
+         "FSDP: the previous layer's reduce-scatter under this layer's compute", "default"),
+    Flag("xla_gpu_enable_while_loop_double_buffering", "true",
+         "layer scan: the next iteration's inputs prefetched", "candidate"),
+    Flag("xla_gpu_enable_triton_gemm", "false",
+         "cuBLAS instead of Triton for GEMMs (the skinny low-rank GEMMs may differ)",
+         "candidate"),
+    Flag("xla_gpu_all_reduce_combine_threshold_bytes", str(64 * 2**20),
+         "combine the many small r-wide all-reduces of BTP into fewer launches", "candidate"),
+    Flag("xla_gpu_enable_command_buffer", "",
+         "empty = command buffers (CUDA graphs) off; the default records them", "candidate"),
+    # pipeline parallelism (JAX's GPU performance guide), with BOOST_JAX_XLA_PIPELINE=1
+    Flag("xla_gpu_experimental_pipeline_parallelism_opt_level",
+         "PIPELINE_PARALLELISM_OPT_LEVEL_ENABLE", "XLA schedules the stage-to-stage permutes",
+         "pipeline"),
+    Flag("xla_disable_hlo_passes", "collective-permute-motion",
+         "keeps the permutes where the pipeline schedule put them", "pipeline"),
+)
+
+
+def flag_text(flags=FLAGS, status: tuple[str, ...] = ("default",)) -> str:
+    """The ``XLA_FLAGS`` string of the flags whose status is in ``status``."""
+    return " ".join(f"--{f.name}={f.value}" for f in flags if f.status in status)
+
+
+def environment(env: dict | None = None, append: bool = False) -> dict[str, str]:
+    """The variables to export on a GPU host, given the current ``env``."""
+    env = os.environ if env is None else env
+    pipeline = env.get("BOOST_JAX_XLA_PIPELINE") == "1"
+    ours = flag_text(status=("default", "pipeline") if pipeline else ("default",))
+    user = env.get("XLA_FLAGS", "").strip()
+    xla = (f"{ours} {user}".strip() if append else user) if user else ours
+    return {"XLA_FLAGS": xla,
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": env.get("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                                                      MEM_FRACTION)}
+
+
+def main(argv: list[str]) -> int:
+    args = set(argv[1:])
+    unknown = args - {"--shell", "--append"}
+    if unknown:
+        print(f"boost_jax.gpu_settings: error: unknown argument {sorted(unknown)[0]}; usage: "
+              "python -m boost_jax.gpu_settings [--shell] [--append]", file=sys.stderr)
+        return 2
+    if "--shell" in args:
+        for k, v in environment(append="--append" in args).items():
+            print(f"export {k}={shlex.quote(v)}")
+        return 0
+    width = max(len(f.name) for f in FLAGS)
+    for f in FLAGS:
+        print(f"{f.name:<{width}}  {f.status:<9}  {f.value or '(empty)'}: {f.why}")
+    print(f"XLA_PYTHON_CLIENT_MEM_FRACTION={MEM_FRACTION}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

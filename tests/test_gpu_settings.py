@@ -1,0 +1,32 @@
+"""The GPU run settings: what the launchers export, and who wins when the user sets a value."""
+
+import subprocess
+import sys
+
+from boost_jax import gpu_settings
+
+
+def test_defaults_and_user_values():
+    env = gpu_settings.environment({})
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == gpu_settings.MEM_FRACTION
+    assert env["XLA_FLAGS"] == gpu_settings.flag_text()
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in env["XLA_FLAGS"]
+    assert "triton_gemm" not in env["XLA_FLAGS"]  # candidates are measured before they are set
+    user = {"XLA_FLAGS": "--xla_dump_to=/tmp/x", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+    assert gpu_settings.environment(user) == user
+    appended = gpu_settings.environment(user, append=True)["XLA_FLAGS"]
+    assert appended.startswith(gpu_settings.flag_text()) and appended.endswith(user["XLA_FLAGS"])
+    pipeline = gpu_settings.environment({"BOOST_JAX_XLA_PIPELINE": "1"})["XLA_FLAGS"]
+    assert "pipeline_parallelism_opt_level" in pipeline
+
+
+def test_shell_output_and_usage_error():
+    done = subprocess.run([sys.executable, "-m", "boost_jax.gpu_settings", "--shell"],
+                          capture_output=True, text=True, env={"PATH": ""})
+    assert done.returncode == 0
+    assert done.stdout.splitlines() == [
+        f"export XLA_FLAGS='{gpu_settings.flag_text()}'",
+        f"export XLA_PYTHON_CLIENT_MEM_FRACTION={gpu_settings.MEM_FRACTION}"]
+    bad = subprocess.run([sys.executable, "-m", "boost_jax.gpu_settings", "--nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
