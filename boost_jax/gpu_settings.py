@@ -4,10 +4,11 @@
     python -m boost_jax.gpu_settings                          # the table: flag, value, why
 
 Each flag is listed with why it is set and its status: ``default`` flags are set by the
-launchers, ``pipeline`` flags too when ``BOOST_JAX_XLA_PIPELINE=1``; ``candidate`` flags are measured on and off by ``python -m boost_jax.bench gpu``
-(one step time per setting) and move to ``default`` only when that measurement says they help.
-No flag here has been measured on a GPU yet (no session has had one): every status is the
-starting point MaxText's GPU configurations and JAX's GPU performance guide use.
+launchers, ``pipeline`` flags too when ``BOOST_JAX_XLA_PIPELINE=1``; ``candidate`` flags are
+timed on and off (one train step per setting) by ``launch/gpu_session.sh`` and become
+``default`` only when that measurement says they help. No flag here has been measured on a GPU
+yet: the defaults are the starting point MaxText's GPU configurations and JAX's GPU
+performance guide use.
 
 A variable already in the environment wins: ``XLA_FLAGS`` given by the user replaces these flags
 (``--append`` adds the user's after them), ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is kept.

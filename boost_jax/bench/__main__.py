@@ -1,15 +1,16 @@
 """``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step, zero,
-data, checkpoint."""
+data, checkpoint, gpu."""
 
 from absl import app, flags
 
 from boost_jax import cli
-from boost_jax.bench import checkpoint, data, model, remat, step, tp, zero
+from boost_jax.bench import checkpoint, data, gpu, model, remat, step, tp, zero
 from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
 
 BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main,
-              "zero": zero.main, "data": data.main, "checkpoint": checkpoint.main}
+              "zero": zero.main, "data": data.main, "checkpoint": checkpoint.main,
+              "gpu": gpu.main}
 
 
 def define_flags() -> None:
@@ -37,6 +38,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("kill_after_shards", 0, "data --prepare_mb: SIGKILL the first run "
                          "after this many finished shards, then resume")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
+    flags.DEFINE_list("parts", list(gpu.PARTS), "gpu: parts to measure")
+    flags.DEFINE_list("seq_lens", ["4096"], "gpu attention: sequence lengths")
     flags.DEFINE_bool("paper", False, "model: the paper's rows, measured beside predicted")
     flags.DEFINE_string("hardware", "a100_80gb_4gpu", "model: hardware profile")
     flags.DEFINE_multi_string("hw_override", [], "model: field=value of the hardware profile")

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import Model
-from boost_jax.models.attention import Segments, causal_attention
+from boost_jax.models.attention import Segments, cached_attention, causal_attention
 from boost_jax.models.init import Init, ParamDef, param, param_defs
 from boost_jax.models.projections import Fanout, Single
 from boost_jax.parallel.plans.base import Plan
@@ -50,13 +50,35 @@ class Block(nnx.Module):
         archs); the returned dict holds this block's (empty unless LaX). ``segments``: the
         document layout of packed rows (models/attention.py), or ``None``.
         """
+        def attend(q, k, v):
+            out = causal_attention(q, k, v, self.theta, segments, plan.attention)
+            return tag(out, ATTENTION), None
+
+        h, latents, _ = self._apply(h, cross, plan, attend)
+        return h, latents
+
+    def cached(self, h: jax.Array, cross: dict | None, plan: Plan, cache: tuple[jax.Array, ...],
+               positions: jax.Array) -> tuple[jax.Array, dict, tuple[jax.Array, jax.Array]]:
+        """:meth:`__call__` for generation: the ``s`` new tokens of ``h [b, s, d_local]`` at
+        ``positions [b, s]`` attend over this layer's key/value cache ``(k, v)``, each
+        ``[b, max_len, kv_heads, head_dim]``, which they are written into. Returns ``(h,
+        latents, (k, v))`` (see models/attention.py :func:`cached_attention`)."""
+        def attend(q, k, v):
+            out, *kv = cached_attention(q, k, v, *cache, positions, self.theta)
+            return out, tuple(kv)
+
+        return self._apply(h, cross, plan, attend)
+
+    def _apply(self, h: jax.Array, cross: dict | None, plan: Plan, attend):
+        """The block around its attention core ``attend(q, k, v) -> (out, extra)``; returns
+        ``(h, latents, extra)``."""
         cross = cross or {}
         b, s = h.shape[:2]
         qkv, c_qkv = self.qkv(h, self.attn_norm[...], self.eps, plan, cross.get("qkv"))
         q = qkv["q"][:, :, 0].reshape(b, s, -1, self.head_dim)
         k = qkv["kv"][:, :, 0].reshape(b, s, -1, self.head_dim)
         v = qkv["kv"][:, :, 1].reshape(b, s, -1, self.head_dim)
-        attention = tag(causal_attention(q, k, v, self.theta, segments), ATTENTION)
+        attention, extra = attend(q, k, v)
         y, c_o = self.o(attention, plan, cross.get("o"))
         h = tag(h + y, RESIDUAL)
         gu, c_gu = self.gate_up(h, self.mlp_norm[...], self.eps, plan, cross.get("gate_up"))
@@ -64,7 +86,7 @@ class Block(nnx.Module):
         y, c_d = self.down((jax.nn.silu(g) if self.silu_gate else g) * u, plan, cross.get("down"))
         h = h + y
         latents = dict(qkv=c_qkv, o=c_o, gate_up=c_gu, down=c_d)
-        return h, {k_: v_ for k_, v_ in latents.items() if v_ is not None}
+        return h, {k_: v_ for k_, v_ in latents.items() if v_ is not None}, extra
 
 
 class Decoder(nnx.Module):
@@ -109,6 +131,38 @@ class Decoder(nnx.Module):
 
         (h, _), _ = jax.lax.scan(body, (h, cross or {}), stacked)
         return h
+
+    def cached_blocks(self, h: jax.Array, plan: Plan, cache_k: jax.Array, cache_v: jax.Array,
+                      positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """:meth:`run_blocks` for generation (no remat, no pipeline): the new tokens of ``h [b,
+        s, d_local]`` at ``positions [b, s]`` through every block, each attending over its
+        layer of the key/value cache ``cache_k, cache_v [L, b, max_len, kv_heads, head_dim]``.
+        Returns ``(h, cache_k, cache_v)``, the caches holding the new tokens' keys and values.
+        LaX latents cross from block to block at each token, as in :meth:`run_blocks`."""
+        graph, stacked = nnx.split(self.blocks)
+
+        def block(layer, h, cross, kv):
+            return nnx.merge(graph, plan.layer_params(layer)).cached(h, cross, plan, kv,
+                                                                     positions)
+
+        cross, first = None, None
+        if self.crosses:  # block 0 has no latent to cross: run it before the scan
+            h, cross, first = block(jax.tree.map(lambda x: x[0], stacked), h, None,
+                                    (cache_k[0], cache_v[0]))
+            stacked, cache_k, cache_v = jax.tree.map(lambda x: x[1:],
+                                                     (stacked, cache_k, cache_v))
+
+        def body(carry, xs):
+            layer, kv = xs
+            h, cross, kv = block(layer, *carry, kv)
+            return (h, cross), kv
+
+        (h, _), (cache_k, cache_v) = jax.lax.scan(body, (h, cross or {}),
+                                                  (stacked, (cache_k, cache_v)))
+        if first is not None:
+            cache_k, cache_v = (jnp.concatenate([f[None], c]) for f, c in
+                                zip(first, (cache_k, cache_v)))
+        return h, cache_k, cache_v
 
     def finish(self, h: jax.Array, plan: Plan) -> jax.Array:
         """Residual stream -> final-normed hidden ``[b, s, d]`` (full width)."""

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model, Parallel
-from boost_jax.models.attention import Segments
+from boost_jax.models.attention import Segments, resolve_attention
 from boost_jax.models.batch import loss_sum, segments, token_count
 from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
@@ -81,6 +81,8 @@ class ShardedModel:
                  gspmd: bool = False):
         self.cfg, self.parallel, self.mesh, self.dtype = model, parallel, mesh, jnp.dtype(dtype)
         self.plan = get_plan(parallel)
+        self.plan.attention = resolve_attention(parallel.attention, self.dtype,
+                                                mesh.devices.flat[0].platform)
         #: the baseline a JAX user has for free: the parameter shardings only, the model run
         #: as one global program under jit, and GSPMD choosing every collective
         self.gspmd = gspmd
