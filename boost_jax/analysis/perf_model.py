@@ -130,8 +130,11 @@ class Prediction:
 
 
 def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hardware,
-            eff: Efficiency = Efficiency(), dtype: str = "bfloat16") -> Prediction:
-    """Predict one train step (see the module docstring). ``batch`` is global, in sequences."""
+            eff: Efficiency = Efficiency(), dtype: str = "bfloat16",
+            flash_attention: bool = True) -> Prediction:
+    """Predict one train step (see the module docstring). ``batch`` is global, in sequences;
+    ``flash_attention``: the attention keeps no ``seq x seq`` scores (GPU kernels; XLA's CPU
+    attention does keep them)."""
     p, stages, data = parallel.tensor, parallel.pipe, parallel.data
     plan = parallel.tp_plan if p > 1 else ("none" if model.arch == "dense" else "btp")
     micro, accum = parallel.microbatches, parallel.grad_accum
@@ -196,7 +199,8 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
         step_s=sum(breakdown.values()), breakdown=breakdown, model_flops=model_flops,
         hardware_flops=hardware_flops, hbm_bytes=hbm,
         comm_elements=comm.predict(model, parallel, batch, seq_len, dtype).steps,
-        memory=_memory(model, parallel, local_params, tokens, micro, layers_per_stage))
+        memory=_memory(model, parallel, plan, local_params, tokens, seq_len, dtype,
+                       flash_attention))
 
 
 def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Efficiency
@@ -219,21 +223,93 @@ def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Effi
     return out
 
 
-def _memory(model: Model, parallel: Parallel, local_params: int, tokens: int, micro: int,
-            layers: int) -> dict[str, float]:
-    """Model state (bf16 weights, fp32 master, grads and two Adam moments: 18 B/param; Adam
-    split over data with ZeRO-1, everything with FSDP) and activations kept for the backward
-    pass (elements per token per layer, in bf16, for every pipeline microbatch in flight: one
-    accumulation micro-step at a time)."""
-    split = parallel.data if parallel.zero else 1
-    if parallel.zero == 3:
-        state = local_params * (2 + 4 + 4 + 8) / split
+#: activation tensors kept per layer for the backward pass with ``remat='none'``, per width
+#: class (global counts, read once off compiled steps' buffers): the residual-stream-wide ones
+#: (block inputs, norm outputs, attention output, projection outputs), the low-rank latents
+#: (pre- and post-activation), the ``d_ff``-wide ones (gate, up, activation, product) and the
+#: q/k/v-wide ones (before and after RoPE)
+KEPT = {"residual": 6, "latent": 2, "ff": 4, "qkv": 2}
+#: where a plan all-reduces inside the block, two more of that width: the partial sum and the
+#: all-reduced value (``btp``: the latents; ``fullrank``: o's and down's residual-wide outputs)
+REDUCED = 2
+#: under FSDP the blocks are checkpointed keeping the matmul outputs only (parallel/remat.py):
+#: per class what stays of :data:`KEPT`
+KEPT_FSDP = {"residual": 4, "latent": 1, "ff": 2, "qkv": 1}
+#: fp32 ``seq``-wide attention tensors per head kept by XLA's (non-flash) attention: the scores
+#: and their softmax
+SCORES = 2
+#: fp32 ``[tokens, vocab/p]`` arrays alive at the loss: the logits, their softmax and gradient
+LOGITS = 3
+#: share of one layer's activations alive at once while a remat policy rebuilds it
+REBUILT = 0.3
+
+
+def _widths(model: Model, plan: str, p: int, seq_len: int) -> dict[str, float]:
+    """Per-token widths of each activation class on one device (elements)."""
+    d, dkv, dff, h = model.d_model, model.d_kv, model.d_ff, model.n_heads
+    lat = (4 * model.attn_rank + 3 * model.mlp_rank) if model.is_lowrank else 0
+    if plan == "vanilla":  # residual, attention and gate*up replicated; latents rank-split
+        return dict(residual=d, latent=lat / p, ff=dff, qkv=d + 2 * dkv, scores=h * seq_len)
+    if plan in ("fullrank", "none") and not model.is_lowrank:  # residual replicated
+        return dict(residual=d, latent=0, ff=dff / p, qkv=(d + 2 * dkv) / p,
+                    scores=h / p * seq_len)
+    # btp (and a low-rank model on one device): every full dim split, latents replicated
+    return dict(residual=d / p, latent=lat, ff=dff / p, qkv=(d + 2 * dkv) / p,
+                scores=h / p * seq_len)
+
+
+def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, tokens: int,
+            seq_len: int, dtype: str, flash: bool) -> dict[str, float]:
+    """Bytes per device at the step's peak.
+
+    ``model_state``: fp32 parameters (4 B), Adam's two moments (8 B, split over ``data`` by
+    ZeRO-1 and FSDP) and the fp32 gradients (4 B; with accumulation a second fp32 sum), all
+    split over ``data`` by FSDP (which holds one layer gathered); plus the compute-dtype copy of
+    the weights in bf16 (2 B).
+    ``activations``: what each layer keeps for the backward pass (:data:`KEPT` per width class,
+    in the compute dtype; XLA attention's scores in fp32 unless ``flash``), for every pipeline
+    microbatch in flight, one accumulation micro-step at a time; ``full`` remat keeps the
+    block input and rebuilds one layer at a time, ``lowrank`` keeps the latents, the reduced
+    outputs and the residual.
+    ``logits``: the vocab-parallel head's fp32 arrays (:data:`LOGITS`) of a microbatch (of every
+    microbatch of a pipeline pass: the last stage's loss sees them together).
+    """
+    data, p = parallel.data, parallel.tensor
+    layers = model.n_layers // parallel.pipe
+    act = 2 if dtype == "bfloat16" else 4
+    fsdp = data if parallel.zero == 3 else 1
+    weights = 4 + 4 * (1 + (parallel.grad_accum > 1)) + (2 if act == 2 else 0)
+    state = local_params * (weights / fsdp + 8 / (data if parallel.zero else 1))
+    if fsdp > 1:  # one layer's parameters gathered and its gradient before the scatter
+        state += _layer_parameters(model, parallel) * (8 + (2 if act == 2 else 0))
+    w = _widths(model, plan, p, seq_len)
+    counts = dict(KEPT_FSDP if fsdp > 1 and parallel.remat == "none" else KEPT)
+    if plan == "btp" and p > 1:
+        counts["latent"] += REDUCED
+    elif plan == "fullrank" and p > 1:  # o's and down's partial sums and their all-reduce
+        counts["residual"] += REDUCED
+    keep = {k: counts[k] * w[k] * act for k in KEPT}
+    layer = sum(keep.values()) + (0.0 if flash else SCORES * w["scores"] * 4)
+    if parallel.remat == "full":  # the block input; one block rebuilt at a time
+        kept, peak = w["residual"] * act, REBUILT * layer
+    elif parallel.remat in ("lowrank", "lowrank_attn"):  # latents and the residual stream
+        extra = parallel.remat == "lowrank_attn"
+        kept = w["latent"] * act + (2 + extra) * w["residual"] * act
+        peak = REBUILT * (layer - kept)
     else:
-        state = local_params * (2 + 4 + 4 + 8 / split)
-    d, p, r = model.d_model, parallel.tensor, model.attn_rank
-    per_token = {"none": 12 * d + 4 * model.d_ff, "lowrank": 7 * r + 2 * d,
-                 "lowrank_attn": 7 * r + 3 * d, "full": d}[parallel.remat]
-    if parallel.tp_plan != "vanilla":
-        per_token = per_token / p if parallel.remat != "lowrank" else 7 * r + 2 * d / p
-    activations = per_token * BF16 * tokens * micro * layers
-    return {"model_state": state, "activations": activations}
+        kept, peak = layer, 0.0
+    # pipelining keeps a microbatch's activations per loop iteration (bubbles included), and
+    # the last stage's loss sees every microbatch of the pass
+    # (``R M + S - 1`` iterations of the stage's ``L / (S R)`` layers per pass)
+    passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1
+              if parallel.pipe > 1 else 1)
+    activations = kept * layers // parallel.repeats * tokens * passes + peak * tokens
+    heads = parallel.microbatches if parallel.pipe > 1 else 1
+    logits = LOGITS * tokens * heads * model.vocab_size / p * 4
+    return {"model_state": state, "activations": activations, "logits": logits}
+
+
+def _layer_parameters(model: Model, parallel: Parallel) -> float:
+    """Parameters of one decoder layer on one device (its tensor shard)."""
+    stage, _ = comm.local_parameters(model, parallel)
+    return stage / (model.n_layers // parallel.pipe)
