@@ -80,7 +80,7 @@ def load_trained(workdir: str | Path, step: int | None = None) -> Trained:
     Raises :class:`ConfigError` (one line) for a missing workdir, no checkpoint, an unknown
     step or a damaged checkpoint.
     """
-    workdir = Path(workdir)
+    workdir = Path(workdir).absolute()  # orbax takes absolute paths only
     if not workdir.is_dir():
         raise ConfigError(f"--workdir={workdir} does not exist")
     steps = checkpoint_steps(workdir)

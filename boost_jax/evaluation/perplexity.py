@@ -1,0 +1,247 @@
+"""Held-out perplexity of a trained run on a prepared dataset, on any mesh.
+
+The run's parameters (fp32, canonical layout, read by :func:`~boost_jax.train.trained.load_trained`)
+are placed on a ``(data, pipe, tensor)`` mesh by the trainer's
+:class:`~boost_jax.parallel.runner.ShardedModel` and scored by the trainer's eval step
+(:func:`~boost_jax.train.step.make_eval_step`: the sharded loss, pipelined or tensor-parallel
+as the mesh says). Every full global batch of the eval split is evaluated, in order (or the
+first ``max_batches``); the first ``Train.eval_batches`` of them are the batches the trainer
+evaluates. The loss is the mean over every token evaluated (token-weighted across batches, so
+packed batches with padding count right); windows of a ``concat`` split that cannot fill a
+last global batch are left out and counted in :attr:`Perplexity.left_out`.
+
+Configuration (:func:`eval_config`): the run's own config (from its checkpoint's metadata),
+with the mesh (``Parallel.*``), the data (``Data.*``, ``path``), ``seq_len``, ``batch_size``
+and the compute ``dtype`` replaceable; the model is always the run's. The mesh defaults to the
+run's; when that needs more devices than this host has and no ``Parallel.*`` binding was given,
+one device is used instead (:func:`fit_devices`; CPU-only hosts simulate the devices a mesh
+needs, as the trainer does, so there the run's mesh always fits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from boost_jax.config import Config, ConfigError, Parallel
+from boost_jax.data.packing import packed_batches
+from boost_jax.data.pipeline import Dataset, open_dataset_on_all
+from boost_jax.parallel.mesh import local_batch_rows, make_mesh
+from boost_jax.parallel.runner import ShardedModel
+from boost_jax.train.progress import say
+from boost_jax.train.step import make_eval_step
+from boost_jax.train.trained import checkpoint_steps, config_from_dict
+
+#: the one-device mesh used when the run's mesh does not fit (and no mesh was asked for)
+ONE_DEVICE = Parallel(data=1, pipe=1, tensor=1, tp_plan="none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Perplexity:
+    """The result of :func:`evaluate_perplexity`."""
+
+    loss: float  # mean next-token cross-entropy (nats) over the tokens evaluated
+    tokens: int  # tokens evaluated (targets that count in the loss)
+    batches: int  # global batches evaluated
+    left_out: int | None  # concat: eval windows not evaluated (a partial last batch, or
+    # beyond max_batches); None for document packing
+    seq_len: int
+    batch_size: int
+    data: str
+    mesh: dict[str, int]
+    dtype: str
+    seconds: float
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
+
+    def to_dict(self) -> dict:
+        return {"loss": self.loss, "perplexity": self.perplexity,
+                **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if f.name != "loss"}}
+
+
+# --- configuration ------------------------------------------------------------------------
+def run_config(workdir: str | Path, step: int | None = None) -> tuple[Config, int]:
+    """The config of ``workdir``'s checkpoint ``step`` (default: the newest) and that step,
+    read from the checkpoint's metadata without starting JAX's backends (so the devices a
+    mesh needs can still be requested). One-line :class:`ConfigError` as ``load_trained``."""
+    from boost_jax.train.trained import _read_meta  # the metadata reader of load_trained
+
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise ConfigError(f"--workdir={workdir} does not exist")
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise ConfigError(f"--workdir={workdir} holds no checkpoint (train first: python -m "
+                          f"boost_jax.train --workdir={workdir})")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ConfigError(f"--step={step}: {workdir} has checkpoints at steps "
+                          f"{', '.join(map(str, steps))}")
+    path = workdir / "checkpoints" / str(step)
+    try:
+        return config_from_dict(_read_meta(path)["config"]), step
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"checkpoint {path}: unreadable metadata ({err})") from None
+    except Exception as err:  # noqa: BLE001 -- orbax raises many types on a damaged file
+        raise ConfigError(f"checkpoint {path}: metadata could not be read "
+                          f"({' '.join(str(err).split())[:200]})") from None
+
+
+def eval_config(run: Config, parallel: dict | None = None, data: dict | None = None,
+                data_path: str | None = None, seq_len: int | None = None,
+                batch_size: int | None = None, dtype: str | None = None) -> Config:
+    """``run`` with the evaluation's choices: ``parallel``/``data`` field overrides, the data
+    path, sequence length, global batch and compute dtype (``None``: the run's). Validated
+    like a training config (one-line :class:`ConfigError`); gradient accumulation, which
+    evaluation does not use, is reset to 1."""
+    par = dataclasses.replace(run.parallel, grad_accum=1, **(parallel or {}))
+    dat = dataclasses.replace(run.data, **(data or {}))
+    if data_path is not None:
+        dat = dataclasses.replace(dat, path=data_path)
+    train = {k: v for k, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                               ("dtype", dtype)) if v is not None}
+    return Config(run.model, par, dataclasses.replace(run.train, **train), dat)
+
+
+def fit_devices(config: Config, explicit: bool, devices: Sequence[jax.Device] | None = None
+                ) -> tuple[Config, list[jax.Device]]:
+    """``config`` and the devices of its mesh: the first ``Parallel.num_devices`` of
+    ``devices`` (default: all). A mesh larger than that is an error when it was asked for
+    (``explicit``) or the job has several processes; else one device is used instead."""
+    devices = list(jax.devices() if devices is None else devices)
+    need, multi = config.parallel.num_devices, jax.process_count() > 1
+    if need == len(devices) or (need < len(devices) and not multi):
+        return config, devices[:need]
+    if explicit or multi:
+        d, p, t = config.parallel.shape
+        raise ConfigError(f"the mesh Parallel.data x pipe x tensor = {d} x {p} x {t} needs "
+                          f"{need} devices, but {len(devices)} are available; choose a mesh "
+                          f"of {'exactly' if multi else 'at most'} {len(devices)} with "
+                          "--gin_param=Parallel.*")
+    say(f"the run's mesh {config.parallel.shape} needs {need} devices and {len(devices)} are "
+        "available: evaluating on one device", file=sys.stderr)
+    return dataclasses.replace(config, parallel=ONE_DEVICE), devices[:1]
+
+
+# --- batches and parameters ---------------------------------------------------------------
+def held_out_batches(ds: Dataset, seq_len: int, global_batch: int,
+                     rows: tuple[int, int] | None = None, max_batches: int | None = None
+                     ) -> Iterator[dict[str, np.ndarray]]:
+    """This process's ``rows`` (default: all) of every full global batch of the eval split,
+    in order (the first ``max_batches`` if given), produced lazily; the same batches as
+    :func:`~boost_jax.data.pipeline.eval_batches`."""
+    rows = rows or (0, global_batch)
+    if ds.data.packing == "document":
+        pieces = ds.pieces("eval", seq_len)
+        yield from itertools.islice(
+            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), max_batches)
+        return
+    windows = ds.windows("eval", seq_len)
+    n = len(windows) // global_batch
+    for b in range(n if max_batches is None else min(n, max_batches)):
+        items = [windows[b * global_batch + j] for j in range(*rows)]
+        yield {k: np.stack([it[k] for it in items]) for k in ("inputs", "targets")}
+
+
+def place_params(model: ShardedModel, params: dict) -> dict:
+    """Canonical host ``params`` (the same on every process) laid out on ``model``'s mesh."""
+    staged = model.from_canonical(params)
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                        staged, model.param_shardings)
+
+
+def _check_data(ds: Dataset, config: Config) -> None:
+    """The eval data's vocabulary must fit the model's (data prepared with another tokenizer
+    than the run's would give meaningless numbers; that is the user's to avoid)."""
+    if ds.vocab_size > config.model.vocab_size:
+        raise ConfigError(f"Data.path={config.data.path!r}: its tokenizer has "
+                          f"{ds.vocab_size} tokens, more than the model's vocabulary "
+                          f"({config.model.vocab_size}); evaluate on data prepared with the "
+                          "run's tokenizer")
+
+
+def _no_batches(ds: Dataset, config: Config) -> ConfigError:
+    t = config.train
+    if ds.data.packing == "document":
+        what = f"has {len(ds.pieces('eval', t.seq_len))} document pieces"
+    else:
+        what = f"has {len(ds.windows('eval', t.seq_len))} windows of {t.seq_len + 1} tokens"
+    return ConfigError(f"Data.path={config.data.path!r}: the eval split {what}, not enough "
+                       f"for one batch of --batch_size={t.batch_size}; lower --batch_size or "
+                       "--seq_len, or prepare the data with a larger --eval_fraction")
+
+
+# --- evaluation ---------------------------------------------------------------------------
+def evaluate_perplexity(params: dict, config: Config,
+                        devices: Sequence[jax.Device] | None = None,
+                        max_batches: int | None = None, progress_every: float = 30.0
+                        ) -> Perplexity:
+    """Perplexity of ``params`` (canonical, host arrays) on the eval split of
+    ``config.data`` at ``config.train.seq_len`` / ``batch_size`` / ``dtype``, on the mesh
+    ``config.parallel`` over ``devices`` (default: all); see the module docstring. A status
+    line goes to stderr every ``progress_every`` seconds."""
+    start = time.perf_counter()
+    if max_batches is not None and max_batches < 1:
+        raise ConfigError(f"--max_batches={max_batches} must be a positive integer")
+    t = config.train
+    mesh = make_mesh(config.parallel, devices)
+    ds = open_dataset_on_all(config.data)
+    _check_data(ds, config)
+    model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
+    placed = place_params(model, params)
+    loss_fn = make_eval_step(model)
+    count_fn = jax.jit(lambda s: jnp.sum(s > 0, dtype=jnp.int32),
+                       out_shardings=NamedSharding(mesh, P()))
+    rows = local_batch_rows(mesh, t.batch_size)
+    total = len(ds.windows("eval", t.seq_len)) // t.batch_size \
+        if ds.data.packing == "concat" else None
+    if total is not None and max_batches is not None:
+        total = min(total, max_batches)
+    loss_sum, tokens, batches, shown = 0.0, 0, 0, time.perf_counter()
+    pending = None
+
+    def read(pending) -> None:
+        nonlocal loss_sum, tokens, batches
+        loss, count = jax.device_get(pending)
+        loss_sum += float(loss) * int(count)
+        tokens += int(count)
+        batches += 1
+
+    for local in held_out_batches(ds, t.seq_len, t.batch_size, rows, max_batches):
+        batch = {k: jax.make_array_from_process_local_data(model.batch_sharding, v,
+                                                          (t.batch_size, v.shape[1]))
+                 for k, v in local.items()}
+        count = count_fn(batch["segment_ids"]) if "segment_ids" in batch \
+            else t.batch_size * t.seq_len
+        out = (loss_fn(placed, batch), count)
+        if pending is not None:  # one batch in flight while the previous one is read
+            read(pending)
+        pending = out
+        if time.perf_counter() - shown > progress_every:
+            shown = time.perf_counter()
+            say(f"evaluated {batches}{f'/{total}' if total else ''} batches", file=sys.stderr)
+    if pending is not None:
+        read(pending)
+    if batches == 0:
+        raise _no_batches(ds, config)
+    left_out = None
+    if ds.data.packing == "concat":
+        left_out = len(ds.windows("eval", t.seq_len)) - batches * t.batch_size
+    return Perplexity(loss_sum / tokens, tokens, batches, left_out, t.seq_len, t.batch_size,
+                      config.data.path, dict(mesh.shape), t.dtype, time.perf_counter() - start)
+
