@@ -19,7 +19,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Flag:
 #: JAX's preallocation share when unset is 0.75; a dedicated training GPU can give more
 MEM_FRACTION = "0.90"
 
-FLAGS = (
+FLAGS_LIST = (
     Flag("xla_gpu_enable_latency_hiding_scheduler", "true",
          "schedule collectives to overlap with compute", "default"),
     Flag("xla_gpu_enable_pipelined_all_gather", "true",
@@ -58,7 +61,7 @@ FLAGS = (
 )
 
 
-def flag_text(flags=FLAGS, status: tuple[str, ...] = ("default",)) -> str:
+def flag_text(flags=FLAGS_LIST, status: tuple[str, ...] = ("default",)) -> str:
     """The ``XLA_FLAGS`` string of the flags whose status is in ``status``."""
     return " ".join(f"--{f.name}={f.value}" for f in flags if f.status in status)
 
@@ -76,22 +79,23 @@ def environment(env: dict | None = None, append: bool = False) -> dict[str, str]
 
 
 def main(argv: list[str]) -> int:
-    args = set(argv[1:])
-    unknown = args - {"--shell", "--append"}
-    if unknown:
-        print(f"boost_jax.gpu_settings: error: unknown argument {sorted(unknown)[0]}; usage: "
-              "python -m boost_jax.gpu_settings [--shell] [--append]", file=sys.stderr)
-        return 2
-    if "--shell" in args:
-        for k, v in environment(append="--append" in args).items():
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.shell:
+        for k, v in environment(append=FLAGS.append).items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
-    width = max(len(f.name) for f in FLAGS)
-    for f in FLAGS:
+    width = max(len(f.name) for f in FLAGS_LIST)
+    for f in FLAGS_LIST:
         print(f"{f.name:<{width}}  {f.status:<9}  {f.value or '(empty)'}: {f.why}")
     print(f"XLA_PYTHON_CLIENT_MEM_FRACTION={MEM_FRACTION}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    from boost_jax import cli
+
+    flags.DEFINE_bool("shell", False, "print export lines for a shell (what the launchers eval)")
+    flags.DEFINE_bool("append", False, "--shell: append the user's XLA_FLAGS to these instead "
+                      "of using them instead")
+    cli.run_app("boost_jax.gpu_settings", main)

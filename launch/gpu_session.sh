@@ -66,7 +66,7 @@ micro() {
 flags() {
   local candidates
   candidates=$("$py" -c "from boost_jax import gpu_settings as g; print(' '.join(
-    f'--{f.name}={f.value}' for f in g.FLAGS if f.status == 'candidate'))")
+    f'--{f.name}={f.value}' for f in g.FLAGS_LIST if f.status == 'candidate'))")
   local base
   base=$("$py" -c "from boost_jax import gpu_settings as g; print(g.flag_text())")
   for flag in "" $candidates; do

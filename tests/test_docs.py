@@ -378,7 +378,7 @@ def test_xla_flags_of_the_launchers_and_readme_are_known_to_jaxlib():
         if value or name not in flags:
             flags[name] = value
     assert "xla_gpu_enable_latency_hiding_scheduler" in flags
-    flags.update({f.name: f"={f.value}" for f in gpu_settings.FLAGS})  # the candidates too
+    flags.update({f.name: f"={f.value}" for f in gpu_settings.FLAGS_LIST})  # the candidates too
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(f"--{k}{v}" for k, v in flags.items()))
     done = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
