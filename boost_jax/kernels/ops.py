@@ -20,8 +20,10 @@ import numpy as np
 
 from boost_jax.kernels import reference as ref
 
-#: token rows per Triton program (each program holds BLOCK_T x next_pow2(width) values)
-BLOCK_T = 4
+#: values one Triton program holds (its token rows x the next power of two of the width): a
+#: starting point that keeps a 2048-wide row block in registers, to be tuned on a GPU
+BLOCK_VALUES = 8192
+MAX_ROWS = 16
 IMPLS = ("xla", "triton")
 
 
@@ -33,8 +35,13 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _grid(t: int) -> tuple[int]:
-    return (-(-t // BLOCK_T),)
+def block_rows(width: int) -> int:
+    """Token rows per Triton program for rows ``width`` wide."""
+    return max(1, min(MAX_ROWS, BLOCK_VALUES // _pow2(width)))
+
+
+def _grid(t: int, width: int) -> tuple[int]:
+    return (-(-t // block_rows(width)),)
 
 
 def _triton():
@@ -52,21 +59,21 @@ def _norm_fwd_triton(x, gamma, eps):
     f32 = jax.ShapeDtypeStruct((t,), jnp.float32)
     x_hat, s, rho = jt.triton_call(
         x, gamma, kernel=tk.norm_local_fwd_kernel,
-        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), f32, f32), grid=_grid(t),
-        T=t, D=width, eps=np.float32(eps), BLOCK_T=BLOCK_T, BLOCK_D=_pow2(width))
+        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), f32, f32), grid=_grid(t, width),
+        T=t, D=width, eps=np.float32(eps), BLOCK_T=block_rows(width), BLOCK_D=_pow2(width))
     return x_hat, s[:, None], rho[:, None]
 
 
 def _norm_bwd_triton(x, gamma, rho, dx_hat, ds):
     jt, tk = _triton()
     t, width = x.shape
-    programs = _grid(t)[0]
+    programs = _grid(t, width)[0]
     dx, dg = jt.triton_call(
         x, gamma, rho.reshape(t), dx_hat, ds.reshape(t).astype(jnp.float32),
         kernel=tk.norm_local_bwd_kernel,
         out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
                    jax.ShapeDtypeStruct((programs, width), jnp.float32)),
-        grid=(programs,), T=t, D=width, BLOCK_T=BLOCK_T, BLOCK_D=_pow2(width))
+        grid=(programs,), T=t, D=width, BLOCK_T=block_rows(width), BLOCK_D=_pow2(width))
     return dx, jnp.sum(dg, axis=0).astype(gamma.dtype)
 
 
@@ -108,8 +115,8 @@ def _recover_fwd_triton(payload, d, eps, act, dtype):
         payload, kernel=tk.recover_fwd_kernel,
         out_shape=(jax.ShapeDtypeStruct((t, c), dtype), jax.ShapeDtypeStruct((t, c), dtype),
                    jax.ShapeDtypeStruct((t,), jnp.float32)),
-        grid=_grid(t), T=t, C=c, d=d, eps=np.float32(eps), SILU=act == "silu",
-        BLOCK_T=BLOCK_T, BLOCK_C=_pow2(c))
+        grid=_grid(t, c), T=t, C=c, d=d, eps=np.float32(eps), SILU=act == "silu",
+        BLOCK_T=block_rows(c), BLOCK_C=_pow2(c))
     return y, z, rms[:, None]
 
 
@@ -118,8 +125,8 @@ def _recover_bwd_triton(z, rms, dy, d, act, payload_dtype):
     t, c = z.shape
     return jt.triton_call(
         z, rms.reshape(t), dy, kernel=tk.recover_bwd_kernel,
-        out_shape=jax.ShapeDtypeStruct((t, c + 1), payload_dtype), grid=_grid(t),
-        T=t, C=c, d=d, SILU=act == "silu", BLOCK_T=BLOCK_T, BLOCK_C=_pow2(c))
+        out_shape=jax.ShapeDtypeStruct((t, c + 1), payload_dtype), grid=_grid(t, c),
+        T=t, C=c, d=d, SILU=act == "silu", BLOCK_T=block_rows(c), BLOCK_C=_pow2(c))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))

@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from boost_jax.kernels import reference as ref  # noqa: E402
 from boost_jax.kernels import triton_kernels as tk  # noqa: E402
-from boost_jax.kernels.ops import BLOCK_T, _pow2  # noqa: E402
+from boost_jax.kernels.ops import _pow2, block_rows  # noqa: E402
 from boost_jax.testing import rel_err  # noqa: E402
 
 EPS = 1e-6
@@ -44,8 +44,8 @@ def as_jnp(x: np.ndarray, dtype):
     return jnp.asarray(x).astype(dtype)
 
 
-def grid() -> tuple[int]:
-    return (-(-T // BLOCK_T),)
+def grid(width: int) -> tuple[int]:
+    return (-(-T // block_rows(width)),)
 
 
 @pytest.mark.parametrize("name", DTYPES)
@@ -54,16 +54,16 @@ def test_norm_local(name):
     x, gamma = rand((T, D), 0), 1.0 + 0.1 * rand((1, D), 1)[0]
     dxh, ds = rand((T, D), 2), rand((T, 1), 3)
     x_hat, s, rho = torch.empty(T, D, dtype=tdt), torch.empty(T), torch.empty(T)
-    tk.norm_local_fwd_kernel[grid()](as_torch(x, tdt), as_torch(gamma, tdt), x_hat, s, rho,
-                                     T, D, EPS, BLOCK_T=BLOCK_T, BLOCK_D=_pow2(D))
+    tk.norm_local_fwd_kernel[grid(D)](as_torch(x, tdt), as_torch(gamma, tdt), x_hat, s, rho,
+                                     T, D, EPS, BLOCK_T=block_rows(D), BLOCK_D=_pow2(D))
     want = ref.norm_local_fwd(as_jnp(x, jdt), as_jnp(gamma, jdt), EPS)
     for got, w in zip((x_hat, s, rho), want):
         assert rel_err(as_np(got).reshape(w.shape), np.asarray(w, np.float32)) <= tol
 
-    dx, dg = torch.empty(T, D, dtype=tdt), torch.empty(grid()[0], D)
-    tk.norm_local_bwd_kernel[grid()](as_torch(x, tdt), as_torch(gamma, tdt), rho,
+    dx, dg = torch.empty(T, D, dtype=tdt), torch.empty(grid(D)[0], D)
+    tk.norm_local_bwd_kernel[grid(D)](as_torch(x, tdt), as_torch(gamma, tdt), rho,
                                      as_torch(dxh, tdt), as_torch(ds[:, 0], torch.float32),
-                                     dx, dg, T, D, BLOCK_T=BLOCK_T, BLOCK_D=_pow2(D))
+                                     dx, dg, T, D, BLOCK_T=block_rows(D), BLOCK_D=_pow2(D))
     want_dx, want_dg = ref.norm_local_bwd(as_jnp(x, jdt), as_jnp(gamma, jdt), want[2],
                                           as_jnp(dxh, jdt), jnp.asarray(ds))
     assert rel_err(as_np(dx), np.asarray(want_dx, np.float32)) <= tol
@@ -77,14 +77,14 @@ def test_recover(name, act):
     payload, dy = rand((T, C + 1), 4, positive_last=True), rand((T, C), 5)
     y, z, rms = torch.empty(T, C, dtype=tdt), torch.empty(T, C, dtype=tdt), torch.empty(T)
     silu = act == "silu"
-    tk.recover_fwd_kernel[grid()](as_torch(payload, tdt), y, z, rms, T, C, D_MODEL, EPS,
-                                  SILU=silu, BLOCK_T=BLOCK_T, BLOCK_C=_pow2(C))
+    tk.recover_fwd_kernel[grid(C)](as_torch(payload, tdt), y, z, rms, T, C, D_MODEL, EPS,
+                                  SILU=silu, BLOCK_T=block_rows(C), BLOCK_C=_pow2(C))
     want = ref.recover_fwd(as_jnp(payload, jdt), D_MODEL, EPS, act, jdt)
     for got, w in zip((y, z, rms), want):
         assert rel_err(as_np(got).reshape(w.shape), np.asarray(w, np.float32)) <= tol
 
     dp = torch.empty(T, C + 1, dtype=tdt)
-    tk.recover_bwd_kernel[grid()](z, rms, as_torch(dy, tdt), dp, T, C, D_MODEL, SILU=silu,
-                                  BLOCK_T=BLOCK_T, BLOCK_C=_pow2(C))
+    tk.recover_bwd_kernel[grid(C)](z, rms, as_torch(dy, tdt), dp, T, C, D_MODEL, SILU=silu,
+                                  BLOCK_T=block_rows(C), BLOCK_C=_pow2(C))
     want_dp = ref.recover_bwd(want[1], want[2], as_jnp(dy, jdt), D_MODEL, act, jdt)
     assert rel_err(as_np(dp), np.asarray(want_dp, np.float32)) <= tol
