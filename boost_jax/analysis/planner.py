@@ -20,9 +20,7 @@ Verification against the compiler (small shapes, simulated CPU devices) is in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -212,31 +210,6 @@ def candidates(problem: Problem) -> Iterator[dict]:
                                            zero=zero, **pipeline)
 
 
-@contextlib.contextmanager
-def _cached_layouts() -> Iterator[None]:
-    """Memoise ``runner.data_layout`` while planning: it depends on the model, the mesh, the
-    plan and the ZeRO stage only, and dominates a prediction's cost."""
-    from boost_jax.parallel import runner
-
-    original = runner.data_layout
-
-    @functools.cache
-    def cached(model: Model, key: tuple):
-        data, pipe, tensor, plan, zero = key
-        return original(model, Parallel(data=data, pipe=pipe, tensor=tensor, tp_plan=plan,
-                                        zero=zero))
-
-    def data_layout(model: Model, parallel: Parallel):
-        return cached(model, (parallel.data, parallel.pipe, parallel.tensor, parallel.tp_plan,
-                              parallel.zero))
-
-    runner.data_layout = data_layout
-    try:
-        yield
-    finally:
-        runner.data_layout = original
-
-
 def evaluate(problem: Problem, parallel: Parallel) -> Layout:
     """Predict one (valid) layout of ``problem``."""
     pred = predict(problem.model, parallel, problem.batch, problem.seq_len,
@@ -261,18 +234,17 @@ def plan(problem: Problem) -> Plan:
     invalid: Counter = Counter()
     fits, over = [], []
     enumerated = 0
-    with _cached_layouts():
-        for options in candidates(problem):
-            enumerated += 1
-            try:
-                parallel = Parallel(**options)
-                Config(problem.model, parallel, train, data)
-            except ConfigError as err:
-                invalid[str(err)] += 1
-                continue
-            layout = evaluate(problem, parallel)
-            fit = layout.memory * (1 + problem.headroom) <= problem.budget
-            (fits if fit else over).append(layout)
+    for options in candidates(problem):
+        enumerated += 1
+        try:
+            parallel = Parallel(**options)
+            Config(problem.model, parallel, train, data)
+        except ConfigError as err:
+            invalid[str(err)] += 1
+            continue
+        layout = evaluate(problem, parallel)
+        fit = layout.memory * (1 + problem.headroom) <= problem.budget
+        (fits if fit else over).append(layout)
     fits.sort(key=_rank_key)
     over.sort(key=lambda lay: (lay.memory, lay.step_s))
     return Plan(problem, fits, enumerated, invalid, over, time.perf_counter() - start)
