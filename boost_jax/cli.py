@@ -44,14 +44,16 @@ def define_gin_flags() -> None:
                          "stopped answering is terminated")
 
 
-class _QuietLibraries(pylogging.Filter):
+class QuietLibraries(pylogging.Filter):
     """INFO lines from boost_jax only; other libraries (orbax, jax) from WARNING up."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         return record.levelno >= pylogging.WARNING or "boost_jax" in record.pathname
 
 
-def _setup(config: Config) -> None:
+def setup_devices(config: Config) -> None:
+    """Start multi-process JAX (or request the simulated CPU devices the mesh needs), turn on
+    the compilation cache, quiet processes other than 0. Before JAX starts its backends."""
     from boost_jax.parallel import distributed
     from boost_jax.parallel.mesh import request_host_devices
 
@@ -81,11 +83,11 @@ def _setup(config: Config) -> None:
 def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
     """Parse gin, validate, set up devices and run ``body(config)``; returns the exit code."""
     logging.set_verbosity(logging.INFO)
-    logging.get_absl_handler().addFilter(_QuietLibraries())
+    logging.get_absl_handler().addFilter(QuietLibraries())
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(CONFIGS_DIR)])
         config = load_config()
-        _setup(config)
+        setup_devices(config)
         return body(config) or 0
     except ConfigError as err:
         return user_error(prog, err)

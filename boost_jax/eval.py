@@ -160,17 +160,16 @@ def evaluate() -> int:
         eval_config,
         evaluate_perplexity,
         fit_devices,
-        run_config,
     )
-    from boost_jax.train.trained import load_trained
+    from boost_jax.train.trained import load_trained, trained_config
 
-    run, step = run_config(FLAGS.workdir, FLAGS.step)
+    run, step = trained_config(FLAGS.workdir, FLAGS.step)
     parallel = bound(Parallel)
     config = eval_config(run, parallel, bound(Data), FLAGS.data, FLAGS.seq_len,
                          FLAGS.batch_size, FLAGS.dtype)
     if FLAGS.tasks:  # one device: no mesh to set up
         config = dataclasses.replace(config, parallel=ONE_DEVICE)
-    cli._setup(config)  # devices (simulated on CPU), multi-process, compilation cache
+    cli.setup_devices(config)  # devices (simulated on CPU), multi-process, compilation cache
     config, devices = fit_devices(config, bool(parallel))
     trained = load_trained(Path(FLAGS.workdir).absolute(), step)  # orbax: absolute paths
     if FLAGS.tasks:
@@ -184,7 +183,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.INFO)
-    logging.get_absl_handler().addFilter(cli._QuietLibraries())
+    logging.get_absl_handler().addFilter(cli.QuietLibraries())
     try:
         return evaluate()
     except ConfigError as err:

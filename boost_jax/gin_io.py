@@ -80,8 +80,11 @@ def operative_gin(config: Config) -> str:
 
 
 def _type_name(hint) -> str:
+    if typing.get_origin(hint) is tuple:
+        return f"tuple[{_type_name(typing.get_args(hint)[0])}, ...]"
     args = typing.get_args(hint) or (hint,)
-    return " | ".join("None" if a is type(None) else a.__name__ for a in args)
+    return " | ".join("None" if a is type(None) else _type_name(a) if typing.get_args(a)
+                      else a.__name__ for a in args)
 
 
 def describe_fields() -> list[tuple[str, str, str, str]]:

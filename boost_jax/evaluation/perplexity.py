@@ -26,7 +26,6 @@ import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +40,6 @@ from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.progress import say
 from boost_jax.train.step import make_eval_step
-from boost_jax.train.trained import checkpoint_steps, config_from_dict
 
 #: the one-device mesh used when the run's mesh does not fit (and no mesh was asked for)
 ONE_DEVICE = Parallel(data=1, pipe=1, tensor=1, tp_plan="none")
@@ -74,34 +72,6 @@ class Perplexity:
 
 
 # --- configuration ------------------------------------------------------------------------
-def run_config(workdir: str | Path, step: int | None = None) -> tuple[Config, int]:
-    """The config of ``workdir``'s checkpoint ``step`` (default: the newest) and that step,
-    read from the checkpoint's metadata without starting JAX's backends (so the devices a
-    mesh needs can still be requested). One-line :class:`ConfigError` as ``load_trained``."""
-    from boost_jax.train.trained import _read_meta  # the metadata reader of load_trained
-
-    workdir = Path(workdir)
-    if not workdir.is_dir():
-        raise ConfigError(f"--workdir={workdir} does not exist")
-    steps = checkpoint_steps(workdir)
-    if not steps:
-        raise ConfigError(f"--workdir={workdir} holds no checkpoint (train first: python -m "
-                          f"boost_jax.train --workdir={workdir})")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise ConfigError(f"--step={step}: {workdir} has checkpoints at steps "
-                          f"{', '.join(map(str, steps))}")
-    path = workdir / "checkpoints" / str(step)
-    try:
-        return config_from_dict(_read_meta(path)["config"]), step
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"checkpoint {path}: unreadable metadata ({err})") from None
-    except Exception as err:  # noqa: BLE001 -- orbax raises many types on a damaged file
-        raise ConfigError(f"checkpoint {path}: metadata could not be read "
-                          f"({' '.join(str(err).split())[:200]})") from None
-
-
 def eval_config(run: Config, parallel: dict | None = None, data: dict | None = None,
                 data_path: str | None = None, seq_len: int | None = None,
                 batch_size: int | None = None, dtype: str | None = None) -> Config:

@@ -70,16 +70,11 @@ def checkpoint_steps(workdir: Path) -> list[int]:
                   if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir())
 
 
-def _read_meta(path: Path) -> dict:
-    return ocp.JsonCheckpointHandler().restore(path / "meta", args=ocp.args.JsonRestore())
-
-
-def load_trained(workdir: str | Path, step: int | None = None) -> Trained:
-    """The parameters of ``workdir``'s checkpoint ``step`` (default: the newest), on one device.
-
-    Raises :class:`ConfigError` (one line) for a missing workdir, no checkpoint, an unknown
-    step or a damaged checkpoint.
-    """
+def trained_config(workdir: str | Path, step: int | None = None) -> tuple[Config, int]:
+    """The config of ``workdir``'s checkpoint ``step`` (default: the newest) and that step,
+    from the checkpoint's metadata alone (JAX's backends are not started, so the devices a
+    mesh needs can still be requested). Raises :class:`ConfigError` (one line) for a missing
+    workdir, no checkpoint, an unknown step or unreadable metadata."""
     workdir = Path(workdir).absolute()  # orbax takes absolute paths only
     if not workdir.is_dir():
         raise ConfigError(f"--workdir={workdir} does not exist")
@@ -92,12 +87,26 @@ def load_trained(workdir: str | Path, step: int | None = None) -> Trained:
     elif step not in steps:
         raise ConfigError(f"--step={step}: {workdir} has checkpoints at steps "
                           f"{', '.join(map(str, steps))}")
-    path = workdir / "checkpoints" / str(step)
+    path = workdir / "checkpoints" / str(step) / "meta"
     try:
-        config = config_from_dict(_read_meta(path)["config"])
+        meta = ocp.JsonCheckpointHandler().restore(path, args=ocp.args.JsonRestore())
+        return config_from_dict(meta["config"]), step
     except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"checkpoint {path}: unreadable metadata ({err})") from None
-    params = read_params(path / "state", config.model)
+        raise ConfigError(f"checkpoint {path.parent}: unreadable metadata ({err})") from None
+    except Exception as err:  # orbax raises many types on a damaged file
+        raise ConfigError(f"checkpoint {path.parent}: metadata could not be read "
+                          f"({' '.join(str(err).split())[:200]})") from None
+
+
+def load_trained(workdir: str | Path, step: int | None = None) -> Trained:
+    """The parameters of ``workdir``'s checkpoint ``step`` (default: the newest), on one device.
+
+    Raises :class:`ConfigError` (one line) as :func:`trained_config` does, and for a damaged
+    checkpoint.
+    """
+    workdir = Path(workdir).absolute()
+    config, step = trained_config(workdir, step)
+    params = read_params(workdir / "checkpoints" / str(step) / "state", config.model)
     return Trained(config, params, step, workdir)
 
 

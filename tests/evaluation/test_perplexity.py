@@ -22,11 +22,10 @@ from boost_jax.evaluation.perplexity import (
     evaluate_perplexity,
     fit_devices,
     held_out_batches,
-    run_config,
 )
 from boost_jax.models.decoder import reference_logits
 from boost_jax.testing import rel_err
-from boost_jax.train.trained import load_trained
+from boost_jax.train.trained import load_trained, trained_config
 
 TP2_DP2 = dict(data=2, tensor=2, tp_plan="btp")
 
@@ -39,7 +38,7 @@ def trained(tiny_run):
 @pytest.fixture(scope="module")
 def one_device(tiny_run, trained):
     """The whole eval split on one device."""
-    config = eval_config(run_config(tiny_run.workdir)[0])
+    config = eval_config(trained_config(tiny_run.workdir)[0])
     return evaluate_perplexity(trained.params, config, jax.devices()[:1])
 
 
@@ -68,7 +67,7 @@ def test_perplexity_is_exp_of_the_reference_mean_loss(tiny_run, trained, one_dev
 
 def test_first_batches_are_the_trainers_eval(tiny_run, trained):
     """``max_batches=Train.eval_batches`` reproduces the trainer's final eval loss."""
-    run, _ = run_config(tiny_run.workdir)
+    run, _ = trained_config(tiny_run.workdir)
     r = evaluate_perplexity(trained.params, eval_config(run), jax.devices()[:1], max_batches=2)
     assert r.batches == 2 and rel_err(r.loss, tiny_run.summary.eval_loss) <= 1e-6
     ds, t = open_dataset(run.data), run.train
@@ -78,7 +77,7 @@ def test_first_batches_are_the_trainers_eval(tiny_run, trained):
 
 
 def test_tp2_dp2_mesh_gives_the_one_device_number(tiny_run, trained, one_device):
-    config = eval_config(run_config(tiny_run.workdir)[0], parallel=TP2_DP2)
+    config = eval_config(trained_config(tiny_run.workdir)[0], parallel=TP2_DP2)
     r = evaluate_perplexity(trained.params, config, jax.devices()[:4])
     assert r.mesh == {"data": 2, "pipe": 1, "tensor": 2}
     assert (r.tokens, r.batches) == (one_device.tokens, one_device.batches)
@@ -91,7 +90,7 @@ def test_tp2_dp2_mesh_gives_the_one_device_number(tiny_run, trained, one_device)
                                       dict(data=2, tensor=2, tp_plan="vanilla")],
                          ids=["pipe2", "fsdp4", "vanilla_tp2"])
 def test_other_meshes_give_the_one_device_number(tiny_run, trained, one_device, parallel):
-    config = eval_config(run_config(tiny_run.workdir)[0], parallel=parallel)
+    config = eval_config(trained_config(tiny_run.workdir)[0], parallel=parallel)
     r = evaluate_perplexity(trained.params, config, jax.devices()[:config.parallel.num_devices])
     assert rel_err(r.loss, one_device.loss) <= 1e-5
 
@@ -99,7 +98,7 @@ def test_other_meshes_give_the_one_device_number(tiny_run, trained, one_device, 
 @pytest.mark.slow
 def test_document_packing_on_a_mesh_gives_the_one_device_number(tiny_run, trained):
     """Packed eval rows (padding masked, counts summed over the mesh): DP2 x TP2 = 1 device."""
-    run, _ = run_config(tiny_run.workdir)
+    run, _ = trained_config(tiny_run.workdir)
     one = evaluate_perplexity(trained.params, eval_config(run, data=dict(packing="document")),
                               jax.devices()[:1])
     four = evaluate_perplexity(trained.params, eval_config(
@@ -110,7 +109,7 @@ def test_document_packing_on_a_mesh_gives_the_one_device_number(tiny_run, traine
 
 
 def test_the_mesh_must_fit_the_devices(tiny_run):
-    run, _ = run_config(tiny_run.workdir)
+    run, _ = trained_config(tiny_run.workdir)
     big = eval_config(run, parallel=dict(data=4, tensor=2, tp_plan="btp"))
     config, devices = fit_devices(big, explicit=False, devices=jax.devices()[:4])
     assert config.parallel == ONE_DEVICE and len(devices) == 1  # the run's mesh: one device
@@ -121,14 +120,14 @@ def test_the_mesh_must_fit_the_devices(tiny_run):
 
 
 def test_user_mistakes_are_config_errors(tiny_run, trained, tmp_path):
-    run, step = run_config(tiny_run.workdir)
+    run, step = trained_config(tiny_run.workdir)
     assert step == 4
     with pytest.raises(ConfigError, match="does not exist"):
-        run_config(tmp_path / "nope")
+        trained_config(tmp_path / "nope")
     with pytest.raises(ConfigError, match="holds no checkpoint"):
-        run_config(tmp_path)
+        trained_config(tmp_path)
     with pytest.raises(ConfigError, match=r"--step=3: .* checkpoints at steps 4"):
-        run_config(tiny_run.workdir, 3)
+        trained_config(tiny_run.workdir, 3)
     with pytest.raises(ConfigError, match="not enough for one batch of --batch_size=4096"):
         evaluate_perplexity(trained.params, eval_config(run, batch_size=4096),
                             jax.devices()[:1])
@@ -160,7 +159,7 @@ def _error_line(out: subprocess.CompletedProcess) -> str:
 
 
 def test_command_prints_the_perplexity_as_json(tiny_run, trained):
-    run, _ = run_config(tiny_run.workdir)
+    run, _ = trained_config(tiny_run.workdir)
     out = _eval(f"--workdir={tiny_run.workdir}", "--max_batches=3", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout)
