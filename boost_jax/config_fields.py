@@ -38,6 +38,9 @@ def check_types(obj) -> None:
     for f in dataclasses.fields(obj):
         hint = hints[f.name]
         value = getattr(obj, f.name)
+        if typing.get_origin(hint) is tuple and isinstance(value, list):  # from JSON
+            value = tuple(value)
+            set_values(obj, **{f.name: value})
         kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         if not any(_accepts(k, value) for k in kinds):
             expected = " or ".join(_TYPE_NAMES.get(k, "a tuple of strings") for k in kinds)

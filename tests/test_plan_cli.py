@@ -18,8 +18,9 @@ def _plan_flags():
     """The planner's flags for this module only (other commands' tests expect them absent)."""
     before = set(FLAGS)
     plan_cli.define_flags()
+    ours = {f.name for f in FLAGS.flags_by_module_dict().get(plan_cli.__name__, [])}
     yield
-    for name in set(FLAGS) - before:
+    for name in ours - before:  # not the trainer's, which the --emit_gin test defines
         delattr(FLAGS, name)
 
 

@@ -93,18 +93,21 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, theta: float,
 
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, cache_k: jax.Array,
-                     cache_v: jax.Array, positions: jax.Array, theta: float
-                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                     cache_v: jax.Array, layer: jax.Array | int, positions: jax.Array,
+                     theta: float) -> tuple[jax.Array, jax.Array, jax.Array]:
     """RoPE + softmax attention of new tokens over a key/value cache they are written into.
 
     Row ``i``'s new tokens sit at the consecutive positions ``positions[i, 0] + j``; their
-    rotated keys and values are written there (``lax.dynamic_update_slice``), then each attends
-    to the cached positions up to its own. Positions past a row's tokens hold stale values that
-    the mask hides until they are overwritten.
+    rotated keys and values are written there in layer ``layer`` of the caches (in place: the
+    caches of every layer travel together, so a loop over the layers updates one buffer), then
+    each token attends to its layer's cached positions up to its own. Positions past a row's
+    tokens hold stale values that the mask hides until they are overwritten.
 
     Args:
       q: ``[batch, s, heads, head_dim]``; k, v: ``[batch, s, kv_heads, head_dim]``.
-      cache_k, cache_v: ``[batch, max_len, kv_heads, head_dim]`` (rotated keys).
+      cache_k, cache_v: every layer's ``[n_layers, batch, kv_heads, max_len, head_dim]``
+        (rotated keys; position-major per head, as the attention products read them).
+      layer: this layer's index (int32, may be traced).
       positions: int ``[batch, s]``, consecutive in each row, ``positions[:, -1] < max_len``.
       theta: RoPE base.
     Returns:
@@ -113,14 +116,22 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, cache_k: jax.Arra
     b, s, h, dh = q.shape
     cos, sin = rope_tables(s, dh, theta, positions)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
-    start = positions[:, 0]
-    cache_k = write(cache_k, k.astype(cache_k.dtype), start)
-    cache_v = write(cache_v, v.astype(cache_v.dtype), start)
-    keys = jnp.arange(cache_k.shape[1])
-    mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [b, 1, s, max_len]
-    out = jax.nn.dot_product_attention(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype),
-                                       mask=mask)
+    zero = jnp.zeros((), jnp.int32)
+    for i in range(b):  # one in-place slab write per row (a scatter would rewrite the cache)
+        at = (jnp.asarray(layer, jnp.int32), jnp.int32(i), zero, positions[i, 0], zero)
+        cache_k = jax.lax.dynamic_update_slice(
+            cache_k, k[i].swapaxes(0, 1)[None, None].astype(cache_k.dtype), at)
+        cache_v = jax.lax.dynamic_update_slice(
+            cache_v, v[i].swapaxes(0, 1)[None, None].astype(cache_v.dtype), at)
+    keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False).astype(q.dtype)
+                    for c in (cache_k, cache_v))  # [b, kv_heads, max_len, head_dim]
+    kv = keys.shape[1]
+    grouped = q.reshape(b, s, kv, h // kv, dh)  # GQA: the query heads of each kv head
+    scores = jnp.einsum("bqgrd,bgkd->bgrqk", grouped, keys,
+                        preferred_element_type=jnp.float32) / jnp.sqrt(dh)
+    mask = jnp.arange(keys.shape[2])[None, None, :] <= positions[:, :, None]  # [b, s, max_len]
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, -jnp.inf), axis=-1)
+    out = jnp.einsum("bgrqk,bgkd->bqgrd", probs.astype(values.dtype), values)
     return out.reshape(b, s, h * dh).astype(q.dtype), cache_k, cache_v
 
 

@@ -58,13 +58,14 @@ class Block(nnx.Module):
         return h, latents
 
     def cached(self, h: jax.Array, cross: dict | None, plan: Plan, cache: tuple[jax.Array, ...],
-               positions: jax.Array) -> tuple[jax.Array, dict, tuple[jax.Array, jax.Array]]:
+               layer: jax.Array | int, positions: jax.Array
+               ) -> tuple[jax.Array, dict, tuple[jax.Array, jax.Array]]:
         """:meth:`__call__` for generation: the ``s`` new tokens of ``h [b, s, d_local]`` at
-        ``positions [b, s]`` attend over this layer's key/value cache ``(k, v)``, each
-        ``[b, max_len, kv_heads, head_dim]``, which they are written into. Returns ``(h,
-        latents, (k, v))`` (see models/attention.py :func:`cached_attention`)."""
+        ``positions [b, s]`` attend over layer ``layer`` of the key/value caches ``(k, v)``,
+        each ``[n_layers, b, kv_heads, max_len, head_dim]``, which they are written into.
+        Returns ``(h, latents, (k, v))`` (models/attention.py :func:`cached_attention`)."""
         def attend(q, k, v):
-            out, *kv = cached_attention(q, k, v, *cache, positions, self.theta)
+            out, *kv = cached_attention(q, k, v, *cache, layer, positions, self.theta)
             return out, tuple(kv)
 
         return self._apply(h, cross, plan, attend)
@@ -136,32 +137,28 @@ class Decoder(nnx.Module):
                       positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """:meth:`run_blocks` for generation (no remat, no pipeline): the new tokens of ``h [b,
         s, d_local]`` at ``positions [b, s]`` through every block, each attending over its
-        layer of the key/value cache ``cache_k, cache_v [L, b, max_len, kv_heads, head_dim]``.
-        Returns ``(h, cache_k, cache_v)``, the caches holding the new tokens' keys and values.
-        LaX latents cross from block to block at each token, as in :meth:`run_blocks`."""
+        layer of the key/value caches ``cache_k, cache_v [L, b, kv_heads, max_len,
+        head_dim]``. The caches ride in the layer loop's carry, so each layer's new keys and
+        values are written in place. Returns ``(h, cache_k, cache_v)``. LaX latents cross from
+        block to block at each token, as in :meth:`run_blocks`."""
         graph, stacked = nnx.split(self.blocks)
 
-        def block(layer, h, cross, kv):
-            return nnx.merge(graph, plan.layer_params(layer)).cached(h, cross, plan, kv,
+        def block(layer, index, h, cross, kv):
+            return nnx.merge(graph, plan.layer_params(layer)).cached(h, cross, plan, kv, index,
                                                                      positions)
 
-        cross, first = None, None
+        cross, kv, first = None, (cache_k, cache_v), 0
         if self.crosses:  # block 0 has no latent to cross: run it before the scan
-            h, cross, first = block(jax.tree.map(lambda x: x[0], stacked), h, None,
-                                    (cache_k[0], cache_v[0]))
-            stacked, cache_k, cache_v = jax.tree.map(lambda x: x[1:],
-                                                     (stacked, cache_k, cache_v))
+            h, cross, kv = block(jax.tree.map(lambda x: x[0], stacked), 0, h, None, kv)
+            stacked, first = jax.tree.map(lambda x: x[1:], stacked), 1
 
         def body(carry, xs):
-            layer, kv = xs
-            h, cross, kv = block(layer, *carry, kv)
-            return (h, cross), kv
+            h, cross, kv = block(*xs, *carry)
+            return (h, cross, kv), None
 
-        (h, _), (cache_k, cache_v) = jax.lax.scan(body, (h, cross or {}),
-                                                  (stacked, (cache_k, cache_v)))
-        if first is not None:
-            cache_k, cache_v = (jnp.concatenate([f[None], c]) for f, c in
-                                zip(first, (cache_k, cache_v)))
+        indices = jnp.arange(first, cache_k.shape[0], dtype=jnp.int32)
+        (h, _, (cache_k, cache_v)), _ = jax.lax.scan(body, (h, cross or {}, kv),
+                                                     (stacked, indices))
         return h, cache_k, cache_v
 
     def finish(self, h: jax.Array, plan: Plan) -> jax.Array:

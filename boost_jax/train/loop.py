@@ -2,11 +2,12 @@
 
 Flow (:class:`_Run`, one method a step): mesh -> dataset -> sharded model + optimizer ->
 restore the newest intact checkpoint (or initialise from the seed) -> compile the step ahead
-of time -> train -> final checkpoint and eval. Metrics of step ``n`` are read back after step
-``n + 1`` has been dispatched, so the host never stalls the device; step time excludes eval
-and checkpoint time. A step whose loss or gradient norm is not finite is never applied (inside
-the jitted step); ``Train.nonfinite`` then stops the run without a final checkpoint or skips
-the step (at most ``Train.max_skips`` in a row).
+of time -> train -> final checkpoint, eval and (``Train.sample_every``) greedy samples. Metrics
+of step ``n`` are read back after step ``n + 1`` has been dispatched, so the host never stalls
+the device; step time excludes eval, sample and checkpoint time. A step whose loss or
+gradient norm is not finite is never applied (inside the jitted step); ``Train.nonfinite``
+then stops the run without a final checkpoint or skips the step (at most ``Train.max_skips``
+in a row).
 
 Stopping is agreed: SIGTERM/SIGINT only set a flag, which the next dispatched step carries in
 its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process reads the
@@ -42,6 +43,7 @@ from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer
 from boost_jax.train.progress import Window, compiling, duration, say
+from boost_jax.train.samples import Sampler, host_params
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
@@ -199,7 +201,7 @@ class _Reporter:
 
 class _Run:
     """One run's parts, and the named steps of the loop: restore, step, report, evaluate,
-    checkpoint, finish."""
+    sample, checkpoint, finish."""
 
     def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool):
         t = config.train
@@ -210,13 +212,14 @@ class _Run:
             raise ConfigError(f"Model.vocab_size={config.model.vocab_size} is smaller than the "
                               f"vocabulary of the dataset's tokenizer ({dataset.vocab_size})")
         self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
-        self.opt = make_optimizer(t)
+        self.opt = make_optimizer(t, self.model)
         rows = local_batch_rows(mesh, t.batch_size)
         self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,
                                        config.data.worker_count)
         self.evals = [self.global_batch(b) for b in
                       eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)]
         self.lead = jax.process_index() == 0
+        self.sampler = Sampler(t, dataset.path) if t.sample_every else None
         if self.lead:
             workdir.mkdir(parents=True, exist_ok=True)
         self.ckpt = Checkpointer(workdir / "checkpoints", t.keep_checkpoints, checkpoint_async)
@@ -276,6 +279,20 @@ class _Run:
         say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
         return loss
 
+    def sample(self, step: int, params: dict) -> None:
+        """Greedy continuations of ``Train.sample_prompts`` (``Train.sample_tokens`` each, up
+        to the end-of-text token) from ``params``, on one device: a ``samples`` line in the
+        metrics, TensorBoard text and a line each on stdout. Every process takes part in
+        gathering the parameters; process 0 generates and writes."""
+        with self.report.paused():
+            host = host_params(self.model, params)
+            if not self.lead:
+                return
+            texts = self.sampler.texts(self.config.model, host)
+        self.writer.write_text(step, "samples", texts)
+        for text in texts:
+            say(f"sample at step {step}: {text!r}")
+
     def checkpoint(self, step: int, state: dict, wait: bool = False) -> None:
         with self.report.paused():
             self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
@@ -316,6 +333,11 @@ class _Run:
             if due(t.eval_every):
                 read(pending)
                 pending, eval_loss = None, self.evaluate(step, state["params"])
+            if t.sample_every and due(t.sample_every):
+                if pending is not None:
+                    read(pending)
+                pending = None
+                self.sample(step, state["params"])
         if pending is not None:
             read(pending)
         return state, step, eval_loss
@@ -373,6 +395,8 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                                 "the same command to resume", interrupted, step)
             else:
                 eval_loss = r.evaluate(step, state["params"])
+                if config.train.sample_every:
+                    r.sample(step, state["params"])
         r.close()
     summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
                       str(r.ckpt.directory), str(r.writer.path), diverged)

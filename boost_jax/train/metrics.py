@@ -1,5 +1,5 @@
-"""Metrics: ``metrics.jsonl`` (full precision, one line per step and per eval), TensorBoard
-event files, and the progress line. Only process 0 writes."""
+"""Metrics: ``metrics.jsonl`` (full precision, one line per step, per eval and per set of
+logged samples), TensorBoard event files, and the progress line. Only process 0 writes."""
 
 from __future__ import annotations
 
@@ -75,6 +75,17 @@ class MetricsWriter:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                     self.tb.add_scalar(f"{prefix}/{k}", v, step)
+
+    def write_text(self, step: int, key: str, texts: list[str], prefix: str = "train") -> None:
+        """A line ``{"step": step, key: texts}`` (e.g. ``samples``) and TensorBoard text
+        ``<prefix>/<key>/<i>`` per text."""
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"step": step, key: list(texts)}) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for i, text in enumerate(texts):
+                self.tb.add_text(f"{prefix}/{key}/{i}", text, step)
 
     def close(self) -> None:
         if self.enabled:

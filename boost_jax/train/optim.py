@@ -11,12 +11,16 @@ global norm, which on sharded gradients takes a collective: the train step compu
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from boost_jax.config import Train
+from boost_jax.config import Model, Train
+
+if TYPE_CHECKING:
+    from boost_jax.parallel.runner import ShardedModel
 
 #: parameters without weight decay (norm gains/biases and LaX gate biases)
 NO_DECAY = frozenset({"attn_norm", "mlp_norm", "final_norm", "norm_scale", "norm_bias", "gate_b"})
@@ -52,7 +56,13 @@ class Optimizer:
     max_norm: float
 
 
-def make_optimizer(train: Train) -> Optimizer:
+def make_optimizer(train: Train, model: ShardedModel | Model | None = None) -> Optimizer:
+    """The optimizer ``train`` names: AdamW (any model), or LORO (train/loro.py), which needs
+    ``model`` -- the ShardedModel whose layout the update runs on, or a Model config for one
+    unsharded device -- and raises ConfigError for what it does not run."""
+    if train.optimizer == "loro":
+        from boost_jax.train.loro import make_loro
+        return make_loro(train, model)
     schedule = lr_schedule(train)
     tx = optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=1e-8,
                      weight_decay=train.weight_decay, mask=decay_mask)
