@@ -26,6 +26,7 @@ Eval: the first ``n_batches`` global batches of the eval split, in order (no shu
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,21 +211,39 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
     return iter(it)
 
 
+def iter_eval_batches(ds: Dataset, seq_len: int, global_batch: int,
+                      rows: tuple[int, int] | None = None, max_batches: int | None = None
+                      ) -> Iterator[dict[str, np.ndarray]]:
+    """This process's ``rows`` (default: all) of every full global batch of the eval split,
+    in order (the first ``max_batches`` if given), produced lazily."""
+    rows = rows or (0, global_batch)
+    if ds.data.packing == "document":
+        pieces = ds.pieces("eval", seq_len)
+        yield from itertools.islice(
+            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), max_batches)
+        return
+    windows = ds.windows("eval", seq_len)
+    pick = _ProcessRows(windows, global_batch, rows)
+    n = len(windows) // global_batch
+    for b in range(n if max_batches is None else min(n, max_batches)):
+        items = [pick(b * pick.local + j) for j in range(pick.local)]
+        yield {k: np.stack([it[k] for it in items]) for k in ("inputs", "targets")}
+
+
 def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
                  rows: tuple[int, int] | None = None) -> list[dict[str, np.ndarray]]:
     """This process's ``rows`` (default: all) of the first ``n_batches`` global eval batches
     (fewer if the split is short; none, with a warning, if it cannot fill one)."""
-    rows = rows or (0, global_batch)
     if n_batches <= 0:
         return []
-    if ds.data.packing == "document":
-        pieces = ds.pieces("eval", seq_len)
-        out = list(itertools.islice(
-            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), n_batches))
-        if not out:
-            _no_eval(ds, f"its {len(pieces)} documents cannot fill one batch of {global_batch} "
-                     "packed rows")
-        return out
+    out = list(iter_eval_batches(ds, seq_len, global_batch, rows, n_batches))
+    if not out and ds.data.packing == "document":
+        _no_eval(ds, f"its {len(ds.pieces('eval', seq_len))} documents cannot fill one batch "
+                 f"of {global_batch} packed rows")
+    elif not out:
+        _no_eval(ds, f"its {len(ds.windows('eval', seq_len))} windows of {seq_len + 1} tokens "
+                 f"cannot fill one batch of Train.batch_size={global_batch}")
+    return out
     windows = ds.windows("eval", seq_len)
     n = min(n_batches, len(windows) // global_batch)
     if n == 0:

@@ -21,21 +21,18 @@ needs, as the trainer does, so there the run's mesh always fits).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import Config, ConfigError, Parallel
-from boost_jax.data.packing import packed_batches
-from boost_jax.data.pipeline import Dataset, open_dataset_on_all
+from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.progress import say
@@ -109,25 +106,6 @@ def fit_devices(config: Config, explicit: bool, devices: Sequence[jax.Device] | 
 
 
 # --- batches and parameters ---------------------------------------------------------------
-def held_out_batches(ds: Dataset, seq_len: int, global_batch: int,
-                     rows: tuple[int, int] | None = None, max_batches: int | None = None
-                     ) -> Iterator[dict[str, np.ndarray]]:
-    """This process's ``rows`` (default: all) of every full global batch of the eval split,
-    in order (the first ``max_batches`` if given), produced lazily; the same batches as
-    :func:`~boost_jax.data.pipeline.eval_batches`."""
-    rows = rows or (0, global_batch)
-    if ds.data.packing == "document":
-        pieces = ds.pieces("eval", seq_len)
-        yield from itertools.islice(
-            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), max_batches)
-        return
-    windows = ds.windows("eval", seq_len)
-    n = len(windows) // global_batch
-    for b in range(n if max_batches is None else min(n, max_batches)):
-        items = [windows[b * global_batch + j] for j in range(*rows)]
-        yield {k: np.stack([it[k] for it in items]) for k in ("inputs", "targets")}
-
-
 def place_params(model: ShardedModel, params: dict) -> dict:
     """Canonical host ``params`` (the same on every process) laid out on ``model``'s mesh."""
     staged = model.from_canonical(params)
@@ -192,7 +170,7 @@ def evaluate_perplexity(params: dict, config: Config,
         tokens += int(count)
         batches += 1
 
-    for local in held_out_batches(ds, t.seq_len, t.batch_size, rows, max_batches):
+    for local in iter_eval_batches(ds, t.seq_len, t.batch_size, rows, max_batches):
         batch = {k: jax.make_array_from_process_local_data(model.batch_sharding, v,
                                                           (t.batch_size, v.shape[1]))
                  for k, v in local.items()}

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 from boost_jax.config import ConfigError, Parallel
-from boost_jax.data.pipeline import eval_batches, open_dataset
+from boost_jax.data.pipeline import eval_batches, iter_eval_batches, open_dataset
 from boost_jax.evaluation.perplexity import (
     ONE_DEVICE,
     eval_config,
     evaluate_perplexity,
     fit_devices,
-    held_out_batches,
 )
 from boost_jax.models.decoder import reference_logits
 from boost_jax.testing import rel_err
@@ -71,7 +70,7 @@ def test_first_batches_are_the_trainers_eval(tiny_run, trained):
     r = evaluate_perplexity(trained.params, eval_config(run), jax.devices()[:1], max_batches=2)
     assert r.batches == 2 and rel_err(r.loss, tiny_run.summary.eval_loss) <= 1e-6
     ds, t = open_dataset(run.data), run.train
-    lazy = list(held_out_batches(ds, t.seq_len, t.batch_size, (2, 6), max_batches=2))
+    lazy = list(iter_eval_batches(ds, t.seq_len, t.batch_size, (2, 6), max_batches=2))
     eager = eval_batches(ds, t.seq_len, t.batch_size, 2, (2, 6))
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(lazy, eager) for k in a)
 
