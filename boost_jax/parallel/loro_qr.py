@@ -26,8 +26,12 @@ the Gram matrices of every block in one call travel in a single all-reduce per m
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +44,8 @@ SHIFT_CONSTANT = 11.0
 #: shifted pass + CholeskyQR2
 PASSES = 3
 HIGHEST = lax.Precision.HIGHEST
+#: the module whose import loads the LAPACK jaxlib's CPU kernels call (scipy's OpenBLAS)
+LAPACK_MODULE = "scipy.linalg.cython_lapack"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,16 +86,41 @@ def _cholesky_r(gram: jax.Array, shift: float) -> jax.Array:
     scaled = gram / (d[..., :, None] * d[..., None, :])
     if shift:
         scaled = scaled + shift * jnp.eye(gram.shape[-1], dtype=gram.dtype)
-    lower = jnp.linalg.cholesky(scaled)
+    lower = matrixwise(jnp.linalg.cholesky)(scaled)
     return _transpose(lower) * d[..., None, :]
 
 
-def after(x, dep):
-    """``x``, computed only once ``dep`` is (``optimization_barrier``). Independent chains of
-    LAPACK custom calls (Cholesky, triangular solves, SVD) running concurrently deadlock
-    XLA:CPU on a 2-core host (three chains of CholeskyQR hang; reproduced without any
-    collective), so the exact step runs its groups one after the other."""
-    return lax.optimization_barrier((x, dep))[0]
+def matrixwise(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` of arrays batched on one leading axis (``[N, ...]``), which on XLA:CPU runs one
+    matrix at a time (``lax.map``) and elsewhere batched.
+
+    Why: jaxlib's CPU LAPACK kernels (Cholesky, triangular solve, SVD; jaxlib 0.10.2) split a
+    batch over XLA's intra-op thread pool and block the pool thread that called them until the
+    pieces finish. When every pool thread is such a caller -- several simulated devices, or
+    independent chains of the exact step running concurrently -- nothing is left to run the
+    pieces and the step deadlocks (reproduced with each kernel alone, no collective involved).
+    One matrix per call never waits on the pool. The batches here are ``L x members`` small
+    ``r``-sized problems, so the CPU loses little; GPUs (cuSOLVER) keep the batched calls.
+    """
+    def run(*xs):
+        def mapped(*args):
+            return lax.map(lambda one: fn(*one), args)
+        return lax.platform_dependent(*xs, cpu=mapped, default=fn)
+    return run
+
+
+def limit_lapack_threads() -> bool:
+    """Keep the LAPACK that XLA:CPU calls (scipy's OpenBLAS, which jaxlib's CPU kernels use) to
+    one thread per call: XLA already runs every device's kernels on its own pool, and
+    OpenBLAS's spinning worker threads on top of it slowed a 6-step LORO run by 6x on two
+    cores, approximate steps included. Sets ``OPENBLAS_NUM_THREADS=1`` unless the user set it,
+    before scipy's LAPACK is loaded (it reads the variable once). Returns False when that
+    library was loaded before (the setting can no longer change)."""
+    if LAPACK_MODULE in sys.modules:
+        return "OPENBLAS_NUM_THREADS" in os.environ
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    importlib.import_module(LAPACK_MODULE)
+    return True
 
 
 def _gram(x: jax.Array) -> jax.Array:
@@ -106,6 +137,12 @@ def _symmetric(packed: jax.Array, c: int) -> jax.Array:
     return upper + jnp.swapaxes(upper, -1, -2) * (1 - jnp.eye(c, dtype=packed.dtype))
 
 
+@matrixwise
+def _solve_right(r: jax.Array, x: jax.Array) -> jax.Array:
+    """``X R^-1`` for upper-triangular ``R``."""
+    return lax.linalg.triangular_solve(r, x, left_side=False, lower=False)
+
+
 def _qr3(blocks: list[jax.Array], axes: list[str | None], rows: list[int]
          ) -> list[tuple[jax.Array, jax.Array]]:
     qs, rs = list(blocks), [None] * len(blocks)
@@ -113,13 +150,11 @@ def _qr3(blocks: list[jax.Array], axes: list[str | None], rows: list[int]
         grams = psum_grouped([_gram(q) for q in qs], axes)
         grams = [_symmetric(g, q.shape[-1]) for g, q in zip(grams, qs)]
         for k, (g, m) in enumerate(zip(grams, rows)):
-            if k:  # one group after the other (see :func:`after`)
-                g = after(g, qs[k - 1])
             c = g.shape[-1]
             shift = SHIFT_CONSTANT * (m * c + c * (c + 1)) * FP32_UNIT_ROUNDOFF * c if i == 0 \
                 else 0.0
             r = _cholesky_r(g, shift)
-            qs[k] = lax.linalg.triangular_solve(r, qs[k], left_side=False, lower=False)
+            qs[k] = _solve_right(r, qs[k])
             rs[k] = r if rs[k] is None else jnp.matmul(r, rs[k], precision=HIGHEST)
     return list(zip(qs, rs))
 

@@ -65,10 +65,11 @@ from boost_jax.config import ConfigError, Model, Parallel, Train
 from boost_jax.parallel.loro_qr import (
     HIGHEST,
     FactorSplit,
-    after,
     cholesky_qr,
     gather_rank,
+    limit_lapack_threads,
     local_rank,
+    matrixwise,
 )
 from boost_jax.train.optim import Optimizer, decay_mask, lr_schedule
 
@@ -186,13 +187,10 @@ def _batched(fn, args: list[tuple[jax.Array, ...]]) -> list[tuple[jax.Array, ...
     for k, xs in enumerate(args):
         groups.setdefault(tuple(x.shape[-2:] for x in xs), []).append(k)
     out: list = [None] * len(args)
-    prev = None
     for shapes, idx in groups.items():
         inputs = [jnp.concatenate([args[k][j].reshape(-1, *shape) for k in idx])
                   for j, shape in enumerate(shapes)]
-        if prev is not None:  # one group after the other (loro_qr.after)
-            inputs[0] = after(inputs[0], prev)
-        results = prev = fn(*inputs)
+        results = fn(*inputs)
         start = 0
         for k in idx:
             lead = args[k][0].shape[:-2]
@@ -202,6 +200,7 @@ def _batched(fn, args: list[tuple[jax.Array, ...]]) -> list[tuple[jax.Array, ...
     return out
 
 
+@matrixwise
 def _retraction(s: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(Us, sigma, Vs)`` of ``s [N, 2r, 2r]``, signed by :func:`_sign_fix`."""
     us, sigma, vst = jnp.linalg.svd(s, full_matrices=False)
@@ -209,6 +208,7 @@ def _retraction(s: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return us, sigma, vs
 
 
+@matrixwise
 def _solve_rt(r: jax.Array, x: jax.Array) -> jax.Array:
     """``R^-T X`` for upper-triangular ``R``."""
     return lax.linalg.triangular_solve(r, x, left_side=True, lower=False, transpose_a=True)
@@ -370,10 +370,10 @@ def make_loro(train: Train, model: ShardedModel | Model | None) -> Optimizer:
     else:
         cfg, shapes, specs = model.cfg, model.param_shapes(), model.param_specs
         check_loro(cfg, model.parallel, model.gspmd)
-    if jax.default_backend() == "cpu" and train.loro_exact_every <= train.steps:
-        logging.warning("Train.optimizer='loro': on XLA:CPU the exact step is known to hang "
-                        "for models larger than the test size (README, LORO: known issue); "
-                        "the approximate steps are not affected")
+    if jax.default_backend() == "cpu" and not limit_lapack_threads():
+        logging.warning("Train.optimizer='loro' on CPU: scipy's LAPACK was loaded before "
+                        "OPENBLAS_NUM_THREADS could be set; the exact step may run slowly "
+                        "(start with OPENBLAS_NUM_THREADS=1)")
     pairs = find_pairs(shapes, specs)
     schedule = restart_schedule(lr_schedule(train), train.loro_exact_every)
     return Optimizer(loro(train, schedule, pairs, cfg.d_model), schedule, train.grad_clip)
