@@ -3,6 +3,7 @@ authors' update (fp64), the distributed CholeskyQR's orthogonality, single devic
 == vanilla TP=4 through the train step, exact resume across an exact step, and the errors."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -290,6 +291,21 @@ def test_btp_exact_step_all_reduces_only_gram_matrices():
     assert all(c.axes == ("tensor",) and c.count == 1 for c in colls)
     assert [c.elements for c in colls] == [factors * r * (2 * r + 1)] * 3
 
+
+LAPACK_CALL = re.compile(r'custom_call_target="(?:lapack|blas)_(\w+)", '
+                         r"operand_layout_constraints=\{([^}]*)\}")
+
+
+def test_cpu_lapack_calls_take_one_matrix_each():
+    """On XLA:CPU every LAPACK kernel of the exact step (Cholesky, triangular solves, SVD)
+    gets one matrix per call (loro_qr.matrixwise): jaxlib's batched kernels split the batch
+    over XLA's thread pool and wait for it from a pool thread, which deadlocked the exact step
+    once every pool thread was such a caller."""
+    _, hlo, _, _ = _trained("btp", 4)
+    calls = LAPACK_CALL.findall(hlo)
+    assert {kernel for kernel, _ in calls} == {"spotrf_ffi", "strsm_ffi", "sgesdd_ffi"}
+    operands = [shape for _, shapes in calls for shape in re.findall(r"\[([\d,]*)\]", shapes)]
+    assert operands and all(shape.count(",") == 1 for shape in operands), operands
 
 @pytest.mark.slow
 def test_vanilla_exact_step_gathers_the_factors():
