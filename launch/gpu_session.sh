@@ -12,11 +12,15 @@
 #   flags  one CoLA 1B step time per candidate XLA flag (boost_jax.gpu_settings), on and off
 #
 # Each stage writes under OUT_DIR (tables as .txt, rows as .json) and fits in one 10-minute
-# device call. The wheels: on a machine with a package index, for the image's Python 3.12,
-#   pip download --no-deps --python-version 3.12 --only-binary=:all: \
+# device call. The GPU image has no package index: the packages it lacks travel as wheels,
+# downloaded where pip works, for the image's Python 3.12 (echo /wheels312/ >>
+# .git/info/exclude, then carry wheels312):
+#   pip download --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_17_x86_64 -d wheels312 grain==0.2.18 array-record==0.8.6 \
-#     portpicker==1.6.0 gin-config==0.5.0 jax-triton==0.3.1 tqdm tensorboardX
+#     portpicker==1.6.0 gin-config==0.5.0 jax-triton==0.3.1 tensorboardX
+# setup installs them into $SITE (not the image's environment) and every stage puts $SITE and
+# this checkout on PYTHONPATH, so nothing needs building.
 set -uo pipefail
 stage="${1:?usage: launch/gpu_session.sh setup|tests|step|micro|flags|all OUT_DIR}"
 out="${2:?usage: launch/gpu_session.sh setup|tests|step|micro|flags|all OUT_DIR}"
@@ -28,10 +32,14 @@ shape=(--gin_param="Model.size='1b'" --gin_param="Model.n_layers=$layers"
        --gin_param="Train.batch_size=4" --gin_param="Train.seq_len=4096"
        --gin_param="Train.dtype='bfloat16'")
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/boost_jax_jax_cache}"
+site="${SITE:-/tmp/boost_jax_site}"
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 setup() {
-  [[ -d wheels312 ]] && "$py" -m pip install -q --no-deps wheels312/*.whl
-  "$py" -m pip install -q --no-deps -e .
+  if [[ -d wheels312 ]]; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+      wheels312/*.whl || exit 1
+  fi
   nvidia-smi -L | tee "$out/device.txt"
   "$py" -c "import jax, jax_triton; print(jax.__version__, jax.devices())" | tee -a "$out/device.txt"
 }

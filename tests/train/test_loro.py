@@ -307,6 +307,7 @@ def test_cpu_lapack_calls_take_one_matrix_each():
     operands = [shape for _, shapes in calls for shape in re.findall(r"\[([\d,]*)\]", shapes)]
     assert operands and all(shape.count(",") == 1 for shape in operands), operands
 
+
 @pytest.mark.slow
 def test_vanilla_exact_step_gathers_the_factors():
     """Vanilla splits the rank: the exact step all-gathers ``A, D_A, B, D_B`` (``2 (n_in +
