@@ -312,9 +312,14 @@ class _Run:
         def due(every: int) -> bool:
             return step % every == 0 and step < t.steps
 
-        def read(pending) -> None:
-            signum = self.report(*pending)
-            self.signal = self.signal or signum
+        def flush() -> None:
+            """Read the pending step's metrics; also before a pause that waits for the step
+            (checkpoint, eval, samples), so its time is counted as the step's."""
+            nonlocal pending
+            if pending is not None:
+                signum = self.report(*pending)
+                self.signal = self.signal or signum
+            pending = None
 
         while step < t.steps and not self.signal:
             signum = stop.signum  # read once: a signal may arrive at any moment
@@ -323,23 +328,21 @@ class _Run:
             batch = self.global_batch(next(self.train_it))
             state, metrics = self.step_fn(state, batch, flags[signum])
             step = self.step = step + 1
-            if pending is not None:
-                read(pending)
+            flush()
             pending = (step, metrics)
-            if self.signal:
+            save, evaluate = due(t.checkpoint_every), due(t.eval_every)
+            show = bool(t.sample_every) and due(t.sample_every)
+            if save or evaluate or show:
+                flush()
+            if self.signal:  # the run's end saves this step
                 break
-            if due(t.checkpoint_every):
+            if save:
                 self.checkpoint(step, state)
-            if due(t.eval_every):
-                read(pending)
-                pending, eval_loss = None, self.evaluate(step, state["params"])
-            if t.sample_every and due(t.sample_every):
-                if pending is not None:
-                    read(pending)
-                pending = None
+            if evaluate:
+                eval_loss = self.evaluate(step, state["params"])
+            if show:
                 self.sample(step, state["params"])
-        if pending is not None:
-            read(pending)
+        flush()
         return state, step, eval_loss
 
     def close(self) -> None:

@@ -201,3 +201,31 @@ def test_nonfinite_skip_goes_on(tiny_data, tmp_path, monkeypatch):
     assert rows[4]["nonfinite"] == 1 and rows[4]["skipped_total"] == 1
     assert all(rows[k]["nonfinite"] == 0 and np.isfinite(rows[k]["loss"]) for k in rows
                if k != 4)
+
+
+def test_a_steps_metrics_are_read_before_a_pause_waits_for_it(tiny_data, tmp_path,
+                                                              monkeypatch):
+    """Step ``n``'s metrics (and its time) are read before a checkpoint, eval or sample of
+    step ``n`` starts: those pauses wait for the step, and their time is left out of the step
+    times, so a pause first would log ~0 s for every checkpoint and eval step."""
+    from boost_jax.train import loop
+
+    events = []
+
+    def recorded(cls, name):
+        original = getattr(cls, name)
+
+        def call(self, step, *args, **kwargs):
+            events.append((name, step))
+            return original(self, step, *args, **kwargs)
+        monkeypatch.setattr(cls, name, call)
+
+    recorded(loop._Reporter, "__call__")
+    for name in ("checkpoint", "evaluate", "sample"):
+        recorded(loop._Run, name)
+    run(_config(tiny_data, 4, checkpoint_every=2, eval_every=2, sample_every=2,
+                sample_tokens=2), tmp_path / "run", jax.devices()[:1])
+    pauses = [(i, step) for i, (name, step) in enumerate(events) if name != "__call__"]
+    assert {step for _, step in pauses} == {2, 4}
+    for i, step in pauses:
+        assert ("__call__", step) in events[:i], events
