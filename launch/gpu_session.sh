@@ -1,30 +1,47 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project from one script, for a session with one lent GPU:
 #
-#   launch/gpu_session.sh setup|tests|step|micro|flags|all  OUT_DIR
+#   launch/gpu_session.sh tests|step|micro|flags|all[,...]  OUT_DIR
 #
-#   setup  install boost_jax and the wheels the GPU image lacks (wheels312/, see below)
-#   tests  the GPU-only tests (BOOST_JAX_GPU_TESTS=1 pytest -m gpu) and the whole suite
+#   tests  the GPU-only tests (BOOST_JAX_GPU_TESTS=1 pytest -m gpu), then the whole suite
 #   step   bench step at the 1B shape: dense (fullrank) and svd/cola/lax (btp, TP=1), remat
 #          none / lowrank, bf16, seq 4096, batch 4 (the paper's 1B row), median of 10 steps,
 #          with the performance model's prediction for the same configuration beside it
 #   micro  bench gpu: cuDNN vs XLA attention at seq 4096, Triton kernels vs XLA, profile
 #   flags  one CoLA 1B step time per candidate XLA flag (boost_jax.gpu_settings), on and off
+#   all    = step,micro,tests,flags (most wanted first)
 #
-# Each stage writes under OUT_DIR (tables as .txt, rows as .json) and fits in one 10-minute
-# device call. The GPU image has no package index: the packages it lacks travel as wheels,
-# downloaded where pip works, for the image's Python 3.12 (echo /wheels312/ >>
-# .git/info/exclude, then carry wheels312):
+# Stages join with commas (step,micro). Every call first installs what the image lacks: a lent
+# machine goes back shortly after each call, and the next call gets a bare one. The stages then
+# run in order under one time budget, BUDGET_S seconds (default 560, inside a 10-minute call):
+# each command gets the time left, a command that cannot start in time is listed in
+# skipped.txt, and whatever was written comes back in OUT_DIR/results.tgz (the device returns
+# at most 8 files) with summary.txt, the tables, beside it.
+#
+# The GPU image has no package index: the packages it lacks travel as wheels, downloaded where
+# pip works, for the image's Python 3.12 (echo /wheels312/ >> .git/info/exclude, then carry
+# wheels312):
 #   pip download --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_17_x86_64 -d wheels312 grain==0.2.18 array-record==0.8.6 \
 #     portpicker==1.6.0 gin-config==0.5.0 jax-triton==0.3.1 tensorboardX
-# setup installs them into $SITE (not the image's environment) and every stage puts $SITE and
-# this checkout on PYTHONPATH, so nothing needs building.
+# They go into $SITE (not the image's environment), which joins this checkout on PYTHONPATH,
+# so nothing is built.
 set -uo pipefail
-stage="${1:?usage: launch/gpu_session.sh setup|tests|step|micro|flags|all OUT_DIR}"
-out="${2:?usage: launch/gpu_session.sh setup|tests|step|micro|flags|all OUT_DIR}"
+usage="usage: launch/gpu_session.sh tests|step|micro|flags|all[,...] OUT_DIR"
+stages="${1:?$usage}"
+out="${2:?$usage}"
+[[ $stages == all ]] && stages=step,micro,tests,flags
+for stage in ${stages//,/ }; do
+  case "$stage" in
+    tests|step|micro|flags) ;;
+    *) echo "launch/gpu_session.sh: unknown stage $stage ($usage)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$out"
+work="$(mktemp -d)/results"
+mkdir -p "$work"
+deadline=$((SECONDS + ${BUDGET_S:-560}))
 py="${PYTHON:-python3}"
 layers="${LAYERS:-24}"  # the 1B preset's 24 layers; lower it if a row runs out of memory
 shape=(--gin_param="Model.size='1b'" --gin_param="Model.n_layers=$layers"
@@ -33,59 +50,74 @@ shape=(--gin_param="Model.size='1b'" --gin_param="Model.n_layers=$layers"
        --gin_param="Train.dtype='bfloat16'")
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/boost_jax_jax_cache}"
 site="${SITE:-/tmp/boost_jax_site}"
-export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+pack() {  # the tables beside the archive of everything
+  cat "$work"/*.txt > "$out/summary.txt" 2>/dev/null
+  tar czf "$out/results.tgz" -C "$(dirname "$work")" results
+}
+trap pack EXIT
+
+timed() {  # timed NAME CMD...: CMD under the time left, its output in NAME.txt
+  local name=$1 left=$((deadline - SECONDS))
+  shift
+  if ((left < 30)); then
+    echo "$name: not started, $left s left of BUDGET_S" | tee -a "$work/skipped.txt"
+    return 0
+  fi
+  echo "== $name" | tee -a "$work/$name.txt"
+  timeout "$left" "$@" 2>&1 | tee -a "$work/$name.txt" | tail -15
+}
 
 setup() {
   if [[ -d wheels312 ]]; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
       wheels312/*.whl || exit 1
   fi
-  nvidia-smi -L | tee "$out/device.txt"
-  "$py" -c "import jax, jax_triton; print(jax.__version__, jax.devices())" | tee -a "$out/device.txt"
+  nvidia-smi -L | tee "$work/device.txt"
+  "$py" -c "import jax, jax_triton; print(jax.__version__, jax.devices())" \
+    | tee -a "$work/device.txt"
 }
 
 tests() {
-  BOOST_JAX_GPU_TESTS=1 "$py" -m pytest -m gpu -q -rs 2>&1 | tail -30 | tee "$out/tests_gpu.txt"
-  "$py" -m pytest -q -x -n 8 -p no:cacheprovider 2>&1 | tail -15 | tee "$out/tests_all.txt"
+  BOOST_JAX_GPU_TESTS=1 timed tests_gpu "$py" -m pytest -m gpu -q -rs -p no:cacheprovider
+  timed tests_all "$py" -m pytest -q -n 8 -p no:cacheprovider
 }
 
 step() {
   eval "$("$py" -m boost_jax.gpu_settings --shell)"
-  for arch in dense svd cola lax; do
+  for arch in cola dense svd lax; do
     plan=btp; [[ $arch == dense ]] && plan=fullrank
     for remat in none lowrank; do
       [[ $arch == dense && $remat == lowrank ]] && remat=full
       name="step_${arch}_${remat}"
-      "$py" -m boost_jax.bench step --plans=$plan --steps=10 --out="$out/$name" "${shape[@]}" \
+      timed "$name" "$py" -m boost_jax.bench step --plans=$plan --steps=10 --out="$work/$name" \
+        "${shape[@]}" --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'"
+      timed "${name}_model" "$py" -m boost_jax.bench model --hardware=h100_sxm "${shape[@]}" \
         --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
-        2>&1 | tail -8 | tee "$out/$name.txt"
-      "$py" -m boost_jax.bench model --hardware=h100_sxm "${shape[@]}" \
-        --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
-        --gin_param="Parallel.tp_plan='$plan'" 2>&1 | tail -12 | tee "$out/${name}_model.txt"
+        --gin_param="Parallel.tp_plan='$plan'"
     done
   done
 }
 
 micro() {
   eval "$("$py" -m boost_jax.gpu_settings --shell)"
-  "$py" -m boost_jax.bench gpu --out="$out" --steps=20 2>&1 | tee "$out/micro.txt"
+  timed micro "$py" -m boost_jax.bench gpu --out="$work" --steps=20
 }
 
 flags() {
-  local candidates
+  local candidates base
   candidates=$("$py" -c "from boost_jax import gpu_settings as g; print(' '.join(
     f'--{f.name}={f.value}' for f in g.FLAGS_LIST if f.status == 'candidate'))")
-  local base
   base=$("$py" -c "from boost_jax import gpu_settings as g; print(g.flag_text())")
   for flag in "" $candidates; do
-    XLA_FLAGS="$base $flag" "$py" -m boost_jax.bench step --plans=btp --steps=10 \
-      --out="$out/flags" "${shape[@]}" --gin_param="Model.arch='cola'" 2>&1 | tail -4 \
-      | sed "s|^|${flag:-baseline} |" | tee -a "$out/flags.txt"
+    name="flags_${flag#--}"
+    XLA_FLAGS="$base $flag" timed "${name//=/_}" "$py" -m boost_jax.bench step \
+      --plans=btp --steps=10 --out="$work/flags" "${shape[@]}" --gin_param="Model.arch='cola'"
   done
 }
 
-case "$stage" in
-  setup) setup ;; tests) tests ;; step) step ;; micro) micro ;; flags) flags ;;
-  all) setup; tests; step; micro; flags ;;
-  *) echo "launch/gpu_session.sh: unknown stage $stage" >&2; exit 2 ;;
-esac
+setup
+for stage in ${stages//,/ }; do
+  "$stage"
+done

@@ -30,3 +30,28 @@ def test_shell_output_and_usage_error():
     bad = subprocess.run([sys.executable, "-m", "boost_jax.gpu_settings", "--nope"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_session_script_keeps_to_its_budget(tmp_path):
+    """launch/gpu_session.sh: an unknown stage is a one-line error before anything runs; with
+    no time left every command is listed as not started and the results still come back as
+    one archive and a summary (the device returns at most 8 files)."""
+    import os
+    import tarfile
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "launch" / "gpu_session.sh"
+    env = dict(os.environ, PYTHON=sys.executable, BUDGET_S="0")
+    bad = subprocess.run(["bash", str(script), "step,nope", str(tmp_path / "bad")],
+                         capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "unknown stage nope" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+    out = tmp_path / "out"
+    subprocess.run(["bash", str(script), "micro,flags", str(out)], capture_output=True,
+                   text=True, env=env, cwd=script.parents[1], check=True)
+    assert sorted(p.name for p in out.iterdir()) == ["results.tgz", "summary.txt"]
+    with tarfile.open(out / "results.tgz") as tar:
+        skipped = tar.extractfile("results/skipped.txt").read().decode().splitlines()
+    candidates = [f for f in gpu_settings.FLAGS_LIST if f.status == "candidate"]
+    assert len(skipped) == 2 + len(candidates)  # micro, the baseline, each candidate
+    assert all("not started" in line for line in skipped)
