@@ -110,8 +110,10 @@ class Pair:
 
 
 class LoroState(NamedTuple):
-    """``count``: updates made (int32); ``adamw``: the masked AdamW's state over every
-    parameter -- its moments are the factors' moments too, its count the refresh count."""
+    """``count``: updates made (int32), equal to the count of ``adamw``'s schedule, the count
+    :meth:`Optimizer.lr` reads ``lr`` at (``eta``'s ``lr``, restart warm-up included);
+    ``adamw``: the masked AdamW's state over every parameter -- its moments are the factors'
+    moments too, its Adam count the refresh count."""
 
     count: jax.Array
     adamw: optax.OptState

@@ -22,6 +22,8 @@ from boost_jax.config import Model, Train
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel
 
+#: the state of optax's ``scale_by_schedule``, whose ``count`` the learning rate is read at
+_SCHEDULE_STATE = optax.ScaleByScheduleState.__name__
 #: parameters without weight decay (norm gains/biases and LaX gate biases)
 NO_DECAY = frozenset({"attn_norm", "mlp_norm", "final_norm", "norm_scale", "norm_bias", "gate_b"})
 
@@ -49,11 +51,20 @@ def decay_mask(params: dict) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
     """``tx``: the elementwise update (masked AdamW on the schedule); ``schedule``: its learning
-    rate per step; ``max_norm``: the global gradient norm clipped to before ``tx``."""
+    rate per optimizer step; ``max_norm``: the global gradient norm clipped to before ``tx``."""
 
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     max_norm: float
+
+    def lr(self, opt_state: optax.OptState) -> jax.Array:
+        """The learning rate of the next update ``tx`` makes from ``opt_state``: ``schedule``
+        at the optimizer's own count (its ``ScaleByScheduleState``'s), which a skipped
+        (non-finite) step does not advance, unlike the train state's step."""
+        count = optax.tree_utils.tree_get(
+            opt_state, "count",
+            filtering=lambda path, _: getattr(path[-1], "tuple_name", None) == _SCHEDULE_STATE)
+        return self.schedule(count)
 
 
 def make_optimizer(train: Train, model: ShardedModel | Model | None = None) -> Optimizer:

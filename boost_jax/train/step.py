@@ -206,8 +206,11 @@ def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm,
             stop_counts) -> tuple:
     """Clip, AdamW on this device's slice of the parameters, gather the slices -- unless the
     loss or the gradient norm is not finite: then parameters and optimizer state stay as
-    they were (the step counter advances, and ``nonfinite`` in the metrics is 1).
-    ``stop_counts``: the devices flagged with each of :data:`STOP_SIGNALS`, summed."""
+    they were (the step counter advances, the optimizer's count does not, and ``nonfinite``
+    in the metrics is 1). ``lr`` in the metrics is the learning rate of this update, read at
+    the optimizer's count (:meth:`Optimizer.lr`); on a skipped step, the rate it would have
+    applied, which the next update applies. ``stop_counts``: the devices flagged with each of
+    :data:`STOP_SIGNALS`, summed."""
     layout = model.layout if not model.gspmd else None
     params = state["params"] if layout is None else layout.local_slice(state["params"])
 
@@ -221,7 +224,7 @@ def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm,
     params, opt_state = lax.cond(finite, apply, lambda *x: x, params, state["opt_state"])
     if layout is not None:
         params = layout.gather_slices(params)
-    metrics = {"loss": loss, "grad_norm": norm, "lr": opt.schedule(state["step"]),
+    metrics = {"loss": loss, "grad_norm": norm, "lr": opt.lr(state["opt_state"]),
                "nonfinite": 1 - finite.astype(jnp.int32),
                "stop_signal": _agreed_signal(stop_counts)}
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
@@ -233,7 +236,8 @@ def make_train_step(model: ShardedModel, opt: Optimizer):
     ``batch`` holds global int32 ``[batch, seq]`` arrays sharded on ``data``
     (models/batch.py: ``inputs``/``targets``, and the packing keys for packed rows); ``stop``
     is :func:`stop_flags`. Metrics are replicated scalars: loss, grad_norm (before clipping),
-    lr, nonfinite and stop_signal (the agreed signal number, 0 for none).
+    lr (the learning rate applied by this step's update, see :func:`_update`), nonfinite and
+    stop_signal (the agreed signal number, 0 for none).
     """
     specs = state_specs(model, opt)
     if model.gspmd:

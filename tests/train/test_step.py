@@ -1,6 +1,7 @@
 """The train step: gradient accumulation equals one step on the same global batch and cuts
 activation memory; the whole update runs in the model's region on donated state, with no
-gradient buffer copied on its way to the optimizer."""
+gradient buffer copied on its way to the optimizer; a non-finite step is skipped, and the
+logged learning rate is the applied one."""
 
 import functools
 import math
@@ -160,3 +161,48 @@ def test_a_stop_flag_on_one_device_reaches_every_device(parallel, gspmd):
         assert float(results[k][1]["grad_norm"]) == float(results["none"][1]["grad_norm"])
         for a, b in zip(jax.tree.leaves(results[k][0]), jax.tree.leaves(results["none"][0])):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "loro"])
+def test_the_logged_lr_is_the_applied_one(optimizer):
+    """A skipped (non-finite) step advances the step counter but not the optimizer's count:
+    every step logs the schedule at the optimizer's count (LORO: its update count; exact step
+    at update 2, then the restart warm-up), the skipped step the rate of the next update. The
+    run with a skip ends with the parameters of the same run without it and logs the same
+    rates for its applied steps, so it logged the rates it applied; after the skip they are
+    not the schedule at the step counter."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import init_state, make_train_step, stop_flags
+
+    model = ShardedModel(tiny("svd", rank=4, n_layers=1), SINGLE,
+                         make_mesh(SINGLE, jax.devices()[:1]))
+    opt = make_optimizer(Train(optimizer=optimizer, loro_exact_every=3, steps=50), model)
+    train_step, schedule = make_train_step(model, opt), jax.jit(opt.schedule)
+    good = {k: jnp.ones((4, 16), jnp.int32) for k in ("inputs", "targets")}
+    bad = dict(good, inputs=good["inputs"].at[1, 3].set(model.cfg.vocab_size))
+
+    def run(batches):
+        state, lrs = init_state(model, opt, 0), []
+        for batch in batches:
+            opt_state = state["opt_state"]
+            # the count the update's rate is read at: LORO's own, AdamW's Adam count
+            count = int(opt_state.count if optimizer == "loro" else opt_state[0].count)
+            step = int(state["step"])
+            state, metrics = train_step(state, batch, stop_flags(model))
+            lr = float(metrics["lr"])
+            np.testing.assert_allclose(lr, float(schedule(count)), rtol=1e-6)
+            if step > count:
+                assert abs(lr - float(schedule(step))) > 1e-3 * lr, (step, count)
+            lrs.append(lr)
+        return jax.device_get(state["params"]), lrs
+
+    params, lrs = run([good, bad, good, good, good])
+    clean_params, clean_lrs = run([good] * 4)
+    assert lrs[1] == lrs[2] and [lrs[0], *lrs[2:]] == clean_lrs
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(clean_params)):
+        np.testing.assert_array_equal(a, b)
