@@ -14,7 +14,12 @@ import dataclasses
 
 import gin
 
-from boost_jax.config_fields import ConfigError  # noqa: F401  (re-exported: the one error type)
+from boost_jax.config_fields import (
+    FREE,
+    MATCH,
+    NOTE,
+    ConfigError,  # noqa: F401  (re-exported: the one error type)
+)
 from boost_jax.config_fields import check as _check
 from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
@@ -47,30 +52,31 @@ class Model:
     """
 
     arch: str = _field("cola", "projections: dense | svd (B A x) | cola (B silu(A x)) | lax "
-                       "(latent crossing)")
-    size: str = _field("small", "preset: " + " | ".join(PRESETS) + " | custom (no preset)")
-    d_model: int | None = _field(None, "hidden size (None: the preset's)")
-    n_layers: int | None = _field(None, "decoder blocks (None: the preset's)")
-    n_heads: int | None = _field(None, "attention heads (None: the preset's)")
+                       "(latent crossing)", MATCH)
+    size: str = _field("small", "preset: " + " | ".join(PRESETS) + " | custom (no preset)", MATCH)
+    d_model: int | None = _field(None, "hidden size (None: the preset's)", MATCH)
+    n_layers: int | None = _field(None, "decoder blocks (None: the preset's)", MATCH)
+    n_heads: int | None = _field(None, "attention heads (None: the preset's)", MATCH)
     n_kv_heads: int | None = _field(None, "key/value heads, grouped-query attention (None: the "
-                                    "preset's, or n_heads)")
-    d_ff: int | None = _field(None, "MLP hidden size (None: the preset's)")
-    rank: int | None = _field(None, "sets attn_rank and mlp_rank together")
+                                    "preset's, or n_heads)", MATCH)
+    d_ff: int | None = _field(None, "MLP hidden size (None: the preset's)", MATCH)
+    rank: int | None = _field(None, "sets attn_rank and mlp_rank together", MATCH)
     attn_rank: int | None = _field(None, "rank of the q, k, v, o factors (None: rank, else "
-                                   "d_model // 4)")
+                                   "d_model // 4)", MATCH)
     mlp_rank: int | None = _field(None, "rank of the gate, up, down factors (None: rank, else "
-                                  "d_model // 4)")
+                                  "d_model // 4)", MATCH)
     vocab_size: int | None = _field(None, "embedding rows, >= the tokenizer's vocabulary (None: "
-                                    "the preset's)")
+                                    "the preset's)", MATCH)
     tie_embeddings: bool | None = _field(None, "share the input embedding with the output head "
-                                         "(None: the preset's)")
+                                         "(None: the preset's)", MATCH)
     only_lr_act: bool | None = _field(None, "CoLA MLP: True = down(gate * up), False = "
-                                      "down(silu(gate) * up) (None: the preset's)")
-    lax_gate: str = _field("identity", "LaX latent-crossing gate: " + " | ".join(LAX_GATES))
-    lax_latent_norm: bool = _field(False, "LaX: LayerNorm over the r-wide latent after crossing")
-    rope_theta: float = _field(10000.0, "RoPE base frequency")
-    norm_eps: float = _field(1e-6, "RMSNorm epsilon")
-    init_std: float = _field(0.02, "initial std of embeddings and dense projections")
+                                      "down(silu(gate) * up) (None: the preset's)", MATCH)
+    lax_gate: str = _field("identity", "LaX latent-crossing gate: " + " | ".join(LAX_GATES), MATCH)
+    lax_latent_norm: bool = _field(False, "LaX: LayerNorm over the r-wide latent after "
+                                   "crossing", MATCH)
+    rope_theta: float = _field(10000.0, "RoPE base frequency", MATCH)
+    norm_eps: float = _field(1e-6, "RMSNorm epsilon", MATCH)
+    init_std: float = _field(0.02, "initial std of embeddings and dense projections", FREE)
 
     def __post_init__(self):
         _check_types(self)
@@ -146,28 +152,28 @@ class Parallel:
     inside the layer loop (its gradients are reduce-scattered there).
     """
 
-    data: int = _field(2, "data-parallel degree (mesh axis 'data')")
-    pipe: int = _field(1, "pipeline stages (mesh axis 'pipe')")
-    tensor: int = _field(4, "tensor-parallel degree (mesh axis 'tensor')")
-    tp_plan: str = _field("btp", "tensor-parallel plan: " + " | ".join(TP_PLANS))
+    data: int = _field(2, "data-parallel degree (mesh axis 'data')", NOTE)
+    pipe: int = _field(1, "pipeline stages (mesh axis 'pipe')", NOTE)
+    tensor: int = _field(4, "tensor-parallel degree (mesh axis 'tensor')", NOTE)
+    tp_plan: str = _field("btp", "tensor-parallel plan: " + " | ".join(TP_PLANS), NOTE)
     rmsnorm: str = _field("online", "btp: online (the norm statistic rides in the A factors' "
-                          "all-reduce) | sync (an all-reduce of its own)")
+                          "all-reduce) | sync (an all-reduce of its own)", NOTE)
     norm_payload: str = _field("compute", "btp online: dtype of the fused all-reduce, compute | "
-                               "float32")
+                               "float32", NOTE)
     grouping: bool = _field(True, "one GEMM (and collective) for the q/k/v and gate/up A "
-                            "factors")
-    remat: str = _field("none", "activation checkpointing: " + " | ".join(REMATS))
-    microbatches: int = _field(1, "pipeline microbatches per data shard and pipeline pass")
-    pipeline_schedule: str = _field("gpipe", "pipeline schedule: " + " | ".join(SCHEDULES))
+                            "factors", NOTE)
+    remat: str = _field("none", "activation checkpointing: " + " | ".join(REMATS), NOTE)
+    microbatches: int = _field(1, "pipeline microbatches per data shard and pipeline pass", NOTE)
+    pipeline_schedule: str = _field("gpipe", "pipeline schedule: " + " | ".join(SCHEDULES), NOTE)
     pipeline_repeats: int = _field(1, "circular schedule: passes of each microbatch over the "
-                                   "stages")
-    grad_accum: int = _field(1, "gradient accumulation micro-steps per step")
+                                   "stages", NOTE)
+    grad_accum: int = _field(1, "gradient accumulation micro-steps per step", NOTE)
     zero: int = _field(0, "state layout over 'data': 0 replicated | 1 ZeRO-1 (optimizer state "
-                       "split) | 3 FSDP (parameters split too)")
+                       "split) | 3 FSDP (parameters split too)", NOTE)
     attention: str = _field("auto", "attention core: auto (cuDNN flash attention on a GPU in "
-                            "bf16, else XLA) | xla | cudnn")
+                            "bf16, else XLA) | xla | cudnn", NOTE)
     kernels: str = _field("auto", "btp chunk-boundary ops: auto (Triton on a GPU with "
-                          "jax-triton, else XLA) | triton | xla")
+                          "jax-triton, else XLA) | triton | xla", NOTE)
 
     def __post_init__(self):
         _check_types(self)
@@ -225,44 +231,45 @@ class Parallel:
 class Train:
     """Optimisation, schedule, logging and checkpoint cadence (CoLA's recipe as defaults)."""
 
-    steps: int = _field(300, "optimizer steps of the run")
-    batch_size: int = _field(16, "global batch, in sequences")
-    seq_len: int = _field(128, "tokens per sequence")
-    seed: int = _field(0, "seed of the initialisation and the data order")
-    dtype: str = _field("float32", "compute dtype: float32 | bfloat16 (parameters stay float32)")
-    learning_rate: float = _field(3e-3, "peak learning rate (AdamW)")
+    steps: int = _field(300, "optimizer steps of the run", FREE)
+    batch_size: int = _field(16, "global batch, in sequences", NOTE)
+    seq_len: int = _field(128, "tokens per sequence", NOTE)
+    seed: int = _field(0, "seed of the initialisation and the data order", NOTE)
+    dtype: str = _field("float32", "compute dtype: float32 | bfloat16 (parameters stay "
+                        "float32)", NOTE)
+    learning_rate: float = _field(3e-3, "peak learning rate (AdamW)", NOTE)
     min_lr_ratio: float = _field(0.1, "final learning rate of the cosine, as a fraction of the "
-                                 "peak")
+                                 "peak", NOTE)
     warmup_steps: int | None = _field(None, "linear warm-up steps (None: 10% of the schedule "
-                                      "horizon)")
+                                      "horizon)", NOTE)
     schedule_steps: int | None = _field(None, "cosine horizon (None: steps); pin it to extend a "
-                                        "run")
-    weight_decay: float = _field(0.01, "AdamW weight decay")
-    grad_clip: float = _field(0.5, "clip the global gradient norm to this")
-    beta1: float = _field(0.9, "AdamW beta1")
-    beta2: float = _field(0.999, "AdamW beta2")
-    checkpoint_every: int = _field(100, "steps between checkpoints")
-    keep_checkpoints: int = _field(3, "newest checkpoints kept")
-    eval_every: int = _field(100, "steps between evaluations on the held-out split")
+                                        "run", NOTE)
+    weight_decay: float = _field(0.01, "AdamW weight decay", NOTE)
+    grad_clip: float = _field(0.5, "clip the global gradient norm to this", NOTE)
+    beta1: float = _field(0.9, "AdamW beta1", NOTE)
+    beta2: float = _field(0.999, "AdamW beta2", NOTE)
+    checkpoint_every: int = _field(100, "steps between checkpoints", FREE)
+    keep_checkpoints: int = _field(3, "newest checkpoints kept", FREE)
+    eval_every: int = _field(100, "steps between evaluations on the held-out split", FREE)
     eval_batches: int = _field(4, "held-out batches per evaluation (0: no evaluation; fewer "
-                               "when the split is smaller)")
-    log_every: int = _field(10, "steps between progress lines")
+                               "when the split is smaller)", FREE)
+    log_every: int = _field(10, "steps between progress lines", FREE)
     peak_tflops: float | None = _field(None, "per-device peak TFLOP/s for MFU (None: looked up "
-                                       "from the device kind)")
+                                       "from the device kind)", FREE)
     nonfinite: str = _field("stop", "a step with a non-finite loss or gradient norm is never "
                             "applied; then stop (end the run, no checkpoint over the last good "
-                            "one) | skip (go on, up to max_skips in a row)")
-    max_skips: int = _field(10, "nonfinite='skip': most steps skipped in a row")
+                            "one) | skip (go on, up to max_skips in a row)", FREE)
+    max_skips: int = _field(10, "nonfinite='skip': most steps skipped in a row", FREE)
     optimizer: str = _field("adamw", "adamw | loro (low-rank Riemannian steps on the svd "
-                            "factors, AdamW on the rest)")
+                            "factors, AdamW on the rest)", MATCH)
     loro_exact_every: int = _field(500, "loro: steps between exact Riemannian steps (the "
-                                   "paper's K)")
+                                   "paper's K)", NOTE)
     sample_every: int | None = _field(None, "steps between greedy samples from "
                                       "sample_prompts, logged to metrics and TensorBoard "
-                                      "(None: never)")
+                                      "(None: never)", FREE)
     sample_prompts: tuple[str, ...] = _field(("ROMEO:", "The king"), "prompts of the logged "
-                                             "samples")
-    sample_tokens: int = _field(32, "new tokens per logged sample")
+                                             "samples", FREE)
+    sample_tokens: int = _field(32, "new tokens per logged sample", FREE)
 
     def __post_init__(self):
         _check_types(self)
@@ -308,16 +315,17 @@ class Data:
     """
 
     path: str = _field("bundled:shakespeare", "a directory written by boost_jax.data.prepare, "
-                       "or bundled:<name> for a corpus shipped with the package")
-    tokenizer: str = _field("bpe:4096", "bundled corpora: bpe:<vocab> | llama32k | spm:<file>")
-    eval_fraction: float = _field(0.02, "bundled corpora: share of documents held out")
-    worker_count: int = _field(0, "grain worker processes (0: in-process)")
+                       "or bundled:<name> for a corpus shipped with the package", NOTE)
+    tokenizer: str = _field("bpe:4096", "bundled corpora: bpe:<vocab> | llama32k | "
+                            "spm:<file>", MATCH)
+    eval_fraction: float = _field(0.02, "bundled corpora: share of documents held out", NOTE)
+    worker_count: int = _field(0, "grain worker processes (0: in-process)", MATCH)
     cache_dir: str | None = _field(None, "where bundled corpora are prepared (None: "
-                                   "$BOOST_JAX_CACHE or ~/.cache/boost_jax)")
+                                   "$BOOST_JAX_CACHE or ~/.cache/boost_jax)", FREE)
     packing: str = _field("concat", "concat (windows over concatenated documents) | document "
-                          "(whole documents packed into rows, attention masked to each)")
+                          "(whole documents packed into rows, attention masked to each)", MATCH)
     packing_bins: int = _field(64, "document packing: rows packed together (the global batch "
-                               "is cut into groups of this many)")
+                               "is cut into groups of this many)", MATCH)
 
     def __post_init__(self):
         _check_types(self)

@@ -1,5 +1,6 @@
-"""What every config field shares: its help text, a type check of its value, and the one-line
-:class:`ConfigError` a bad value raises (used by :mod:`boost_jax.config`)."""
+"""What every config field shares: its help text, whether a checkpoint written under another
+value resumes, a type check of its value, and the one-line :class:`ConfigError` a bad value
+raises (used by :mod:`boost_jax.config`)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,21 @@ def check_types(obj) -> None:
             set_values(obj, **{f.name: float(value)})
 
 
-def config_field(default, help: str):
-    """A config field: its default and its one-line meaning (``--print_config`` shows it)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+# What a resumed run may do with a field whose value differs from the checkpoint's config
+# (train/resume.py reads it; every field declares one):
+MATCH = "must match"  # the checkpoint's tree or meaning: a different value is refused
+NOTE = "changes the trajectory"  # allowed, with a warning: not bit-identical to one run
+FREE = "may change"  # allowed silently: cadence, paths, the run's length
+RESUME_KINDS = (MATCH, NOTE, FREE)
+
+
+def config_field(default, help: str, resume: str):
+    """A config field: its default, its one-line meaning (``--print_config`` shows it) and
+    ``resume``, one of :data:`RESUME_KINDS`: what resuming a checkpoint written under another
+    value of it does."""
+    if resume not in RESUME_KINDS:
+        raise ValueError(f"resume={resume!r} is not one of {RESUME_KINDS}")
+    return dataclasses.field(default=default, metadata={"help": help, "resume": resume})
 
 
 def set_values(obj, **kw) -> None:

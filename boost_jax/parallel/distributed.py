@@ -205,6 +205,34 @@ def all_true(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
+def max_value(value: int) -> int:
+    """The largest of every process's ``value`` (one all-gather; free in a single-process run).
+    Every process must call it at the same point."""
+    import jax
+
+    if jax.process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+
+    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
+def gather_bytes(data: bytes) -> list[bytes]:
+    """Every process's ``data``, in process order, on every process (two all-gathers: the
+    lengths, then the bytes padded to the longest)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [data]
+    from jax.experimental import multihost_utils
+
+    sizes = np.asarray(multihost_utils.process_allgather(np.int64(len(data)))).reshape(-1)
+    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    padded[:len(data)] = np.frombuffer(data, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [rows[i, :int(n)].tobytes() for i, n in enumerate(sizes)]
+
+
 def lead_values(values: list[int]) -> list[int]:
     """Process 0's ``values`` on every process (each may pass its own list)."""
     import jax

@@ -3,26 +3,40 @@ metadata (config, data position).
 
 Layout: ``<workdir>/checkpoints/<step>/{state, meta}``. Orbax writes each step under a
 temporary name and renames it when complete, so an interrupted save never looks like a
-checkpoint; temporaries left by a killed run are removed at start. The data iterator's state
-(how far the stream has been read) is saved in ``meta``: it is the same on every process, so a
-checkpoint resumes with any process count. Restoring onto a target with other shardings
-(another mesh) reshards on load.
+checkpoint; temporaries left by a killed run are removed at start. The data position of every
+process is saved in ``meta`` (train/data_state.py). Restoring onto a target with other
+shardings (another mesh) reshards on load. Whether a step is already saved is decided once for
+all processes (process 0's listing).
 
-Restore tries the newest step first and verifies it: the metadata parses, the arrays read with
-every chunk's checksum intact, every value is finite and the state is of that step
-(:mod:`boost_jax.train.integrity`). Every process takes each of these decisions together (an
-all-gather of "did it work here"), so damage that one host sees is damage everywhere: the
-checkpoint is reported in one line, moved aside to ``corrupt-<step>-<time>`` (nothing is
-deleted) and the same older step is tried on every process. A save that fails (a full disk,
-any ``OSError``) raises :class:`CheckpointWriteError` with one line; older checkpoints stay as
-they were.
+Restore tries the newest step first, in order: its metadata parses; its config fits this run
+(``check_meta``, train/resume.py); its state's tree (names, shapes, dtypes, read from orbax's
+tree metadata without reading an array) is this run's; the arrays read with every chunk's
+checksum intact; every value is finite and the state is of that step
+(:mod:`boost_jax.train.integrity`). What goes wrong is one of three kinds:
+
+- **damage, proven** -- a checksum or decode failure, a file still missing after the retries,
+  a non-finite value, another step's state: the checkpoint is reported in one line, moved aside
+  to ``corrupt-<step>-<time>`` (nothing is deleted) and the next older step is tried;
+- **a mismatch** -- a config field that must match, or a state tree that is not this run's (an
+  optimizer switched, an optax upgrade): :class:`~boost_jax.train.resume.ResumeMismatch`, one
+  line naming what differs; nothing is read further, moved or written;
+- **anything else** (an I/O error, an error of unknown kind): retried ``READ_ATTEMPTS`` times
+  with a growing pause, logged; still failing, :class:`CheckpointReadError`, one line; the
+  checkpoint is left where it is.
+
+Every process takes each decision together (an all-gather of the worst outcome), so damage
+that one host sees is damage everywhere and a retry is a retry everywhere. A save that fails (a
+full disk, any ``OSError``) raises :class:`CheckpointWriteError` with one line; older
+checkpoints stay as they were.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import gc
+import json
 import shutil
 import sys
 import time
@@ -30,18 +44,45 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
 from boost_jax.parallel import distributed
 from boost_jax.train.integrity import STATE_FORMAT, install_chunk_checksums, verify
+from boost_jax.train.resume import ResumeMismatch
 
 ITEMS = ("state", "meta")
 TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's suffix for a step still being written
+READ_ATTEMPTS = 4  # reads of a checkpoint item before an error that is not damage is reported
+RETRY_DELAY_S = 1.0  # the pause before the first retry; doubled before each next one
 
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (the message is one line)."""
+
+
+class CheckpointReadError(RuntimeError):
+    """A checkpoint could not be read for a reason that is not proven damage (an I/O error
+    that outlasted the retries): it is left in place (the message is one line)."""
+
+
+class Failure(enum.IntEnum):
+    """How a read failed, worst last (every process acts on the worst any of them saw)."""
+
+    NONE = 0
+    TRANSIENT = 1  # an I/O error: retried, then reported
+    MISSING = 2  # a file not found: retried (listing lag), then damage
+    UNKNOWN = 3  # not recognised: retried, then reported, never quarantined
+    DAMAGED = 4  # a checksum or decode failure: quarantined at once
+
+
+# TensorStore status codes (the first word of its errors' messages)
+_TRANSIENT_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED",
+                    "CANCELLED")
+# what TensorStore and orbax say of bytes that do not decode (seen on damaged checkpoints)
+_DECODE_SIGNS = ("Invalid JSON", "ZSTD_decompress", "checksum", "Digest mismatch",
+                 "Error decoding")
 
 
 @dataclasses.dataclass
@@ -66,6 +107,29 @@ def _one_line(err: BaseException, limit: int = 300) -> str:
     root = _chain(err)[-1]
     text = str(root).split("See full TensorStore details")[0]  # then a page of JSON spec
     return f"{type(root).__name__}: {' '.join(text.split())[:limit]}"
+
+
+def classify(err: BaseException) -> Failure:
+    """What kind of failure reading a checkpoint raised ``err`` is: damage only when the bytes
+    are proven bad (a decode or checksum failure); see :class:`Failure`."""
+    chain = _chain(err)
+    if any(isinstance(e, UnicodeDecodeError | json.JSONDecodeError) for e in chain):
+        return Failure.DAMAGED
+    if any(isinstance(e, FileNotFoundError) for e in chain):
+        return Failure.MISSING
+    if any(isinstance(e, OSError) for e in chain):
+        return Failure.TRANSIENT
+    text = str(chain[-1])
+    code = text.split(":", 1)[0].strip()
+    if code == "DATA_LOSS":
+        return Failure.DAMAGED
+    if code == "NOT_FOUND":
+        return Failure.MISSING
+    if code in _TRANSIENT_CODES or "OS error" in text:
+        return Failure.TRANSIENT
+    if any(sign in text for sign in _DECODE_SIGNS):
+        return Failure.DAMAGED
+    return Failure.UNKNOWN
 
 
 def _os_error(err: BaseException) -> OSError | None:
@@ -157,7 +221,7 @@ class Checkpointer:
     def save(self, step: int, state: dict, meta: dict, wait: bool = False) -> None:
         """Save at ``step``; ``wait`` blocks until the checkpoint is on disk. Raises
         :class:`CheckpointWriteError`."""
-        if step in self.mngr.all_steps():
+        if step in self.steps():  # one decision for every process (listings may lag)
             return
         self._bytes = sum(x.nbytes for x in jax.tree.leaves(state))
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
@@ -206,46 +270,74 @@ class Checkpointer:
                        ) -> Restored | None:
         """Restore the newest intact checkpoint into ``target`` (shapes and shardings).
 
-        ``check_meta`` sees each candidate's metadata before any array is read and raises to
-        refuse it (e.g. a checkpoint of another model): that error propagates, it does not
-        mark the checkpoint as damaged. Returns None when no checkpoint is usable; the ones
-        moved aside are in :attr:`quarantined`.
+        ``check_meta`` sees each candidate's metadata before anything else is read and raises
+        to refuse it (:class:`~boost_jax.train.resume.ResumeMismatch`): that error propagates,
+        like a state tree that is not ``target``'s. Raises :class:`CheckpointReadError` for a
+        read that keeps failing without proven damage. Returns None when no checkpoint is left;
+        the ones moved aside are in :attr:`quarantined`.
         """
         for step in reversed(self.steps()):
-            path = self.directory / str(step)
-            meta, why = self._read(ocp.JsonCheckpointHandler(), path / "meta",
-                                   ocp.args.JsonRestore())
+            restored, why = self._restore_step(step, target, check_meta)
             if why is None:
-                check_meta(meta)
-                state, why = self._read(ocp.StandardCheckpointHandler(), path / "state",
-                                        ocp.args.StandardRestore(target))
-            if why is None:
-                why = verify(state, step)  # one global reduction
-                if why is None and meta.get("state_format") != STATE_FORMAT:
-                    logging.warning("checkpoint %d has no chunk checksums (written by an older "
-                                    "version): its bytes were not verified", step)
-            if why is None:
-                return Restored(state, meta, step)
+                return restored
             self._quarantine(step, why)
         return None
 
-    @staticmethod
-    def _read(handler, path: Path, args) -> tuple[object, str | None]:
-        """One item read with its own handler: ``(value, None)`` when the read worked on every
-        process, else ``(None, why)``. The handler has no barrier inside, so a process whose
-        read fails reaches the agreement like the others, and it finishes its pending reads
-        before it is dropped."""
-        value, why = None, None
-        with _pending_reads_dropped():
-            try:
-                value = handler.restore(path, args=args)
-            except Exception as err:  # orbax/tensorstore raise many types on damaged files
-                why = _one_line(err)
-            finally:
-                handler.close()
-        if not distributed.all_true(why is None):
-            return None, why or "unreadable on another process"
-        return value, None
+    def _restore_step(self, step: int, target: dict, check_meta: Callable[[dict], None]
+                      ) -> tuple[Restored | None, str | None]:
+        """Checkpoint ``step`` restored, or ``(None, why it is damaged)``; raises on a
+        mismatch or a read that keeps failing (:meth:`restore_latest`)."""
+        path = self.directory / str(step)
+        meta, why = self._read(step, "metadata", lambda: _restore_item(
+            ocp.JsonCheckpointHandler(), path / "meta", ocp.args.JsonRestore()))
+        if why is not None:
+            return None, why
+        check_meta(meta)
+        tree, why = self._read(step, "tree metadata", lambda: _tree_metadata(path / "state"))
+        if why is not None:
+            return None, why
+        _check_tree(step, tree, target)
+        state, why = self._read(step, "arrays", lambda: _restore_item(
+            ocp.StandardCheckpointHandler(), path / "state", ocp.args.StandardRestore(target)))
+        why = why or verify(state, step)  # one global reduction
+        if why is not None:
+            return None, why
+        if meta.get("state_format") != STATE_FORMAT:
+            logging.warning("checkpoint %d has no chunk checksums (written by an older "
+                            "version): its bytes were not verified", step)
+        return Restored(state, meta, step), None
+
+    def _read(self, step: int, what: str, read: Callable[[], object]
+              ) -> tuple[object, str | None]:
+        """``read()`` of one item of checkpoint ``step``, decided together by every process:
+        ``(value, None)`` when it worked everywhere, ``(None, why)`` on proven damage; other
+        failures are retried (:data:`READ_ATTEMPTS`, pauses from :data:`RETRY_DELAY_S`, a
+        warning each), then raise :class:`CheckpointReadError`."""
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            value, why, kind = None, None, Failure.NONE
+            with _pending_reads_dropped():
+                try:
+                    value = read()
+                except Exception as err:  # orbax/tensorstore raise many types
+                    why, kind = _one_line(err), classify(err)
+            worst = Failure(distributed.max_value(kind))
+            why = why or "unreadable on another process"
+            if worst == Failure.NONE:
+                return value, None
+            if worst == Failure.DAMAGED:
+                return None, why
+            if attempt == READ_ATTEMPTS:
+                break
+            delay = RETRY_DELAY_S * 2 ** (attempt - 1)
+            logging.warning("reading checkpoint %d's %s failed (%s); retrying in %.0f s "
+                            "(attempt %d of %d)", step, what, why, delay, attempt, READ_ATTEMPTS)
+            time.sleep(delay)
+        if worst == Failure.MISSING:  # still missing after every retry: it is not there
+            return None, why
+        raise CheckpointReadError(
+            f"could not read checkpoint {step}'s {what} in {self.directory} after "
+            f"{READ_ATTEMPTS} attempts ({why}); it is left in place, not moved: rerun when the "
+            "storage is back")
 
     def _quarantine(self, step: int, why: str) -> None:
         """Move ``step`` aside on process 0 once every process has given it up."""
@@ -260,3 +352,46 @@ class Checkpointer:
         distributed.barrier(f"quarantine checkpoint {step}")
         self.quarantined.append(dest)
         self.mngr.reload()
+
+
+def _restore_item(handler, path: Path, args) -> object:
+    """One item read with its own handler (no barrier inside, so a process whose read fails
+    reaches the agreement like the others); its pending reads finish before it is dropped."""
+    try:
+        return handler.restore(path, args=args)
+    finally:
+        handler.close()
+
+
+def _tree_metadata(path: Path) -> dict:
+    """``{array name: (shape, dtype)}`` of a saved state, from orbax's tree metadata (no
+    array is read)."""
+    tree = ocp.StandardCheckpointHandler().metadata(path).tree
+    return {_name(p): (tuple(m.shape), np.dtype(m.dtype))
+            for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _name(path) -> str:
+    """A tree path as orbax names a saved array (``opt_state.0.mu.embed``)."""
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                    for k in path)
+
+
+def _check_tree(step: int, saved: dict, target: dict) -> None:
+    """Raise :class:`ResumeMismatch` when checkpoint ``step``'s arrays (``saved``, from
+    :func:`_tree_metadata`) are not ``target``'s: names, shapes and dtypes."""
+    wanted = {_name(p): (tuple(x.shape), np.dtype(x.dtype))
+              for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
+    diffs = [f"{k} is in the checkpoint, not in this run's state" for k in saved
+             if k not in wanted]
+    diffs += [f"{k} is in this run's state, not in the checkpoint" for k in wanted
+              if k not in saved]
+    diffs += [f"{k} is {saved[k][1]}{list(saved[k][0])} there, {wanted[k][1]}"
+              f"{list(wanted[k][0])} here" for k in wanted if k in saved and saved[k] != wanted[k]]
+    if diffs:
+        more = f" ({len(diffs)} differences in all)" if len(diffs) > 1 else ""
+        raise ResumeMismatch(
+            f"checkpoint {step}'s state does not fit this run's: {sorted(diffs)[0]}{more}; it "
+            "was written by another configuration or another version of the libraries (e.g. "
+            "an optax upgrade that changed the optimizer state); nothing was moved: resume it "
+            "with what wrote it, or use a new --workdir")

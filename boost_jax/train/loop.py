@@ -13,7 +13,8 @@ Stopping is agreed: SIGTERM/SIGINT only set a flag, which the next dispatched st
 its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process reads the
 summed flags in the metrics of the same step ``n``, leaves the loop after step ``n + 1`` (at
 most two steps after the signal), saves the same checkpoint and exits with the signal's code,
-however many of them received it and when.
+however many of them received it and when. A second signal ends the process at once, without
+a checkpoint (train/signals.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -39,11 +39,14 @@ from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_ite
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
+from boost_jax.train import data_state
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer
 from boost_jax.train.progress import Window, compiling, duration, say
+from boost_jax.train.resume import check_resume
 from boost_jax.train.samples import Sampler, host_params
+from boost_jax.train.signals import StopRequest
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
@@ -71,54 +74,6 @@ class Summary:
     @property
     def eval_ppl(self) -> float | None:
         return None if self.eval_loss is None else math.exp(self.eval_loss)
-
-
-class _Stop:
-    """Records SIGTERM/SIGINT (this process's flag, which the train step shares)."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._old = {}
-
-    def __enter__(self):
-        for s in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[s] = signal.signal(s, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
-def _check_resume(meta: dict, config: Config) -> None:
-    """Refuse a checkpoint of another model; warn about changes that alter the run."""
-    saved = meta.get("config", {})
-    model = saved.get("Model")
-    now = config.to_dict()
-    if model is not None and model != now["Model"]:
-        diff = sorted((k for k in model if model[k] != now["Model"].get(k)),
-                      key=lambda k: (k not in ("arch", "size"), k))  # the choices users make
-        raise ConfigError(f"the checkpoint was written for another model (Model.{diff[0]}="
-                          f"{model[diff[0]]!r}, now {now['Model'][diff[0]]!r}); use a new "
-                          "--workdir")
-    for group, keys in (("Train", ("seed", "batch_size", "seq_len", "schedule_steps")),
-                        ("Data", ("path", "tokenizer", "packing", "packing_bins"))):
-        for k in keys:
-            old, new = saved.get(group, {}).get(k), now[group][k]
-            if old is not None and old != new:
-                logging.warning("resuming with %s.%s=%r (the checkpoint used %r): the run will "
-                                "not match an uninterrupted one", group, k, new, old)
-    old_h = saved.get("Train", {}).get("schedule_steps") or saved.get("Train", {}).get("steps")
-    if old_h is not None and old_h != config.train.horizon:
-        logging.warning("the learning-rate schedule now decays over %d steps (it was %d); set "
-                        "Train.schedule_steps to keep one schedule across runs",
-                        config.train.horizon, old_h)
 
 
 def _global_batch(local: dict, model: ShardedModel, global_batch: int) -> dict:
@@ -213,7 +168,7 @@ class _Run:
                               f"vocabulary of the dataset's tokenizer ({dataset.vocab_size})")
         self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
         self.opt = make_optimizer(t, self.model)
-        rows = local_batch_rows(mesh, t.batch_size)
+        self.rows = rows = local_batch_rows(mesh, t.batch_size)
         self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,
                                        config.data.worker_count)
         self.evals = [self.global_batch(b) for b in
@@ -226,6 +181,13 @@ class _Run:
         self.meta = {"config": config.to_dict(), "process_count": jax.process_count(),
                      "worker_count": config.data.worker_count}  # + "data_state" at each save
 
+    def _check_meta(self, meta: dict) -> None:
+        """Refuse a checkpoint this run cannot resume exactly (train/resume.py,
+        train/data_state.py) before any array is read."""
+        where = str(self.ckpt.directory)
+        check_resume(meta.get("config", {}), self.config, where)
+        data_state.position(meta, self.rows, self.config.data.packing, where)
+
     def global_batch(self, local: dict) -> dict:
         return _global_batch(local, self.model, self.t.batch_size)
 
@@ -235,10 +197,11 @@ class _Run:
         ``fresh_start`` (else :class:`ConfigError`)."""
         model, opt = self.model, self.opt
         restored = self.ckpt.restore_latest(abstract_state(model, opt, canonical=True),
-                                            check_meta=lambda m: _check_resume(m, self.config))
+                                            check_meta=self._check_meta)
         if restored is not None:
             state = from_checkpoint_layout(model, opt, restored.state)
-            self.train_it.set_state(restored.meta["data_state"])
+            self.train_it.set_state(data_state.position(
+                restored.meta, self.rows, self.config.data.packing, str(self.ckpt.directory)))
             say(f"resumed from {self.ckpt.directory / str(restored.step)} at step "
                 f"{restored.step}")
             return state, restored.step
@@ -295,10 +258,11 @@ class _Run:
 
     def checkpoint(self, step: int, state: dict, wait: bool = False) -> None:
         with self.report.paused():
+            position = data_state.gather(self.train_it.get_state(), self.rows)
             self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
-                           {**self.meta, "data_state": self.train_it.get_state()}, wait=wait)
+                           {**self.meta, "data_state": position}, wait=wait)
 
-    def train(self, state: dict, start: int, stop: _Stop) -> tuple[dict, int, float | None]:
+    def train(self, state: dict, start: int, stop: StopRequest) -> tuple[dict, int, float | None]:
         """Steps until ``Train.steps`` or an agreed stop (:attr:`signal`). Metrics of step
         ``n`` are read after step ``n + 1`` is dispatched, so the host never stalls the
         device. Returns ``(state, step, the last eval loss)``; raises :class:`Diverged` by the
@@ -379,7 +343,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     fails."""
     t_start, workdir = time.perf_counter(), Path(workdir).absolute()
     _check_writable(workdir)
-    with _Stop() as stop:  # until the last checkpoint is written: a signal only sets a flag
+    with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
         r = _Run(config, workdir, devices, checkpoint_async)
         state, start = r.restore(fresh_start)
         if start >= config.train.steps:

@@ -10,9 +10,10 @@ already holds checkpoints resumes from the newest intact one; if all are damaged
 an error unless ``--fresh_start`` is given. Gin files are looked up as given, then in the
 repository's ``configs/`` directory.
 
-Exit codes: 0 done, 1 diverged or a checkpoint could not be written, 2 bad input (one line on
-stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 128 + N stopped by signal N (agreed across
-processes, after a checkpoint).
+Exit codes: 0 done, 1 diverged or a checkpoint could not be written or read (storage errors
+that outlasted the retries), 2 bad input, including checkpoints that do not fit the config
+(one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 128 + N stopped by signal N
+(agreed across processes, after a checkpoint; or at once, without one, at a second signal).
 """
 
 from __future__ import annotations
@@ -33,18 +34,18 @@ flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint
                   "is damaged (they are moved aside, never deleted); without it that is an "
                   "error")
 
-EXIT_WRITE_FAILED = 1  # a checkpoint could not be written (disk full, ...)
+EXIT_STORAGE = 1  # a checkpoint could not be written (disk full, ...) or read (I/O errors)
 
 
 def _train(config) -> int:
-    from boost_jax.train.checkpoint import CheckpointWriteError
+    from boost_jax.train.checkpoint import CheckpointReadError, CheckpointWriteError
     from boost_jax.train.loop import run
 
     try:
         summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start)
-    except CheckpointWriteError as err:
+    except (CheckpointWriteError, CheckpointReadError) as err:
         print(f"boost_jax.train: error: {err}", file=sys.stderr)
-        return EXIT_WRITE_FAILED
+        return EXIT_STORAGE
     if summary.diverged is not None:
         print(f"boost_jax.train: error: {summary.diverged}", file=sys.stderr)
         return 1

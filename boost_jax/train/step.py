@@ -17,7 +17,6 @@ steps as one global program under ``jit``.
 from __future__ import annotations
 
 import functools
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ from boost_jax.models.batch import batch_keys, token_count
 from boost_jax.parallel.plans.base import DATA, MESH_AXES
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
 from boost_jax.train.optim import Optimizer, clip_by_norm
+from boost_jax.train.signals import STOP_SIGNALS
 
 
 def _batch_specs(batch: dict) -> dict:
@@ -177,7 +177,6 @@ def make_grad_fn(model: ShardedModel):
 
 
 # --- the agreed stop ------------------------------------------------------------------------
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the signals that stop a run, by precedence
 STOP_SPEC = P(MESH_AXES, None)  # one row per device
 
 

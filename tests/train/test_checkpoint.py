@@ -223,14 +223,14 @@ def test_rerunning_a_finished_run_adds_nothing(tiny_data, eight_steps, tmp_path,
 
 def test_another_model_is_refused_naming_the_choice_that_differs(eight_steps):
     from boost_jax.config import Config
-    from boost_jax.train.loop import _check_resume
+    from boost_jax.train.resume import check_resume
 
     meta = json.loads((eight_steps / "checkpoints" / "8" / "meta" / "metadata").read_text())
     saved = meta["config"]
     other = Config(**{k: v for k, v in zip(
         ("model", "parallel", "train", "data"), _config_groups(saved, size="small"))})
     with pytest.raises(ConfigError, match=r"another model \(Model.size='tiny', now 'small'\)"):
-        _check_resume(meta, other)
+        check_resume(meta["config"], other, "W")
 
 
 def _config_groups(saved, size):
