@@ -14,7 +14,9 @@ at ``--seq_len`` / ``--batch_size`` / ``--dtype`` (default: the run's). The mesh
 needs more devices than this host has and no binding was given, one device is used. CPU-only
 hosts simulate the devices a mesh needs, as the trainer does. ``Data.*`` bindings apply too
 (e.g. ``Data.packing='document'``); the model is always the run's. Prints ``loss``,
-``perplexity`` and the tokens evaluated, or with ``--json`` one JSON object.
+``perplexity``, the tokens evaluated and which eval split was scored (a held-out validation
+input, or the tail of the training shards: data/prepare.py), or with ``--json`` one JSON
+object.
 
 lm-eval tasks (``--tasks``, needs ``pip install -e ".[eval]"``): the run as an
 lm-evaluation-harness model on one device (boost_jax/evaluation/harness.py), the tasks by name
@@ -110,6 +112,7 @@ def _print_perplexity(trained, result) -> None:
     mesh = " x ".join(f"{k} {v}" for k, v in result.mesh.items())
     say(f"{trained.workdir} at step {trained.step} ({m.arch} {m.size}) on the eval split of "
         f"{result.data}")
+    say(f"eval split  {result.eval_split}")
     say(f"loss        {result.loss:.4f}")
     say(f"perplexity  {result.perplexity:.2f}")
     say(f"tokens      {result.tokens:,} in {result.batches} batches of {result.batch_size} x "

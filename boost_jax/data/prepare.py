@@ -1,25 +1,40 @@
 """``python -m boost_jax.data.prepare``: a text corpus -> a sharded, tokenized dataset, streamed in
 bounded memory and resumable after a kill::
 
-    python -m boost_jax.data.prepare --input=c4/en --output=data/c4 --tokenizer=llama32k
+    python -m boost_jax.data.prepare --input=c4/en --pattern='c4-train.*.json.gz' \
+        --eval_input=c4/en --eval_pattern='c4-validation.*.json.gz' --output=data/c4 \
+        --tokenizer=llama32k
+    python -m boost_jax.data.prepare --input=my.txt --output=data/mine   # eval: shard tails
     python -m boost_jax.data.prepare --verify=data/c4
 
 Output directory (format 2)::
 
-    manifest.json         written last: tokenizer, vocab size, eos id, dtype, the shards, totals
+    manifest.json         written last: tokenizer, vocab size, eos id, dtype, the shards, totals,
+                          where the eval split came from (``eval_split``, :func:`eval_split_label`)
     tokenizer.json|.model the tokenizer (trained here for ``bpe:<n>``, else copied)
     shards/<k>.bin        shard k's tokens (uint16 when the vocab fits, else uint32): its
                           documents, each followed by the end-of-text id; the first
                           ``train_tokens`` are the train split, the rest the eval split
     shards/<k>.docs.npy   int64 ``[documents + 1]``: where each document starts (and the end)
 
-Inputs are ``.txt``-like files (one document per file) and ``.jsonl`` files (one document per
-line, ``--text_field``), optionally ``.gz``/``.xz``/``.bz2``-compressed, or directories of them
-(C4's ``*.json.gz`` shards as they are), or a Hugging Face dataset directory saved with
-``save_to_disk`` (its ``.arrow`` files, column ``--text_field``; needs pyarrow). They are read
-as streams. Documents are grouped in chunks of about ``chunk_mb`` MiB of text (shuffled within
-the chunk with ``--seed``) and a shard is ``chunks_per_shard`` chunks, so what a shard holds
-depends on the inputs alone.
+The eval split. With ``--eval_input`` (a validation set, e.g. C4's ``c4-validation.*``) its
+documents are the eval split, whole and each once: they go to eval shards (``train_tokens``
+0) after the train shards, whose tokens are all train (``train_tokens == tokens``);
+``manifest["eval_split"] == "eval_input"``. Without it (a corpus with no validation set) the
+last ``--eval_fraction`` of each shard's tokens is held out, cutting a document there:
+``"train_tail"``, also what a manifest without the field means. An explicit nonzero
+``--eval_fraction`` with ``--eval_input`` is an error.
+
+Inputs (boost_jax/data/sources.py): ``.txt``-like files (one document per file) and ``.jsonl``
+files (one document per line, ``--text_field``), optionally ``.gz``/``.xz``/``.bz2``-compressed,
+or directories of them (C4's ``*.json.gz`` shards as they are), or a Hugging Face dataset
+directory saved with ``save_to_disk`` (its ``.arrow`` files, column ``--text_field``; needs
+pyarrow). ``--pattern`` / ``--eval_pattern`` (a glob on file names) select among the files
+found in the directories of ``--input`` / ``--eval_input``; the others are ignored and counted
+(a file named explicitly is always read). A file that is both a train and an eval input is an
+error. They are read as streams. Documents are grouped in chunks of about ``chunk_mb`` MiB of
+text (shuffled within the chunk with ``--seed``) and a shard is ``chunks_per_shard`` chunks, so
+what a shard holds depends on the inputs alone.
 
 Memory is bounded whatever the corpus size: ``workers`` processes tokenize chunks with at most
 ``2 workers`` chunks in flight, and tokens go to disk as they arrive.
@@ -30,9 +45,9 @@ directory is renamed to ``output`` only when complete, so a half-written dataset
 
 * An unfinished run restarted with the same arguments keeps its finished shards and redoes only
   the rest.
-* An unfinished run with other arguments (tokenizer, inputs, seed, ...) is refused: its shards
-  belong to another dataset. Rerun with its arguments to finish it, or pass ``--overwrite`` to
-  discard it and start over.
+* An unfinished run with other arguments (tokenizer, inputs, patterns, eval inputs, seed, ...)
+  is refused: its shards belong to another dataset. Rerun with its arguments to finish it, or
+  pass ``--overwrite`` to discard it and start over.
 * An output that holds a prepared dataset is refused. ``--overwrite`` replaces it: the new
   dataset is built in ``.<output>.partial/`` while the old one stays readable, then swapped in
   (the old one is renamed to ``.<output>.old/`` and deleted; between the two renames the output
@@ -41,12 +56,12 @@ directory is renamed to ``output`` only when complete, so a half-written dataset
   replaced.
 
 Errors. A user-caused failure (a missing, unreadable or malformed input, a corpus without text,
-a bad tokenizer spec, an output that cannot be written or is taken, a bad flag) prints one line
-``boost_jax.data.prepare: error: <what is wrong and what to do>`` on stderr and exits with code
-2. They are checked before anything is written; one found only later (a malformed line deep in
-the corpus) removes the work directory this run created. ``BOOST_JAX_DEBUG=1`` raises it with
-its traceback instead. A full disk is one line too and, like Ctrl-C (exit code 130), keeps the
-finished shards for a rerun.
+a pattern that matches nothing, a bad tokenizer spec, an output that cannot be written or is
+taken, a bad flag) prints one line ``boost_jax.data.prepare: error: <what is wrong and what to
+do>`` on stderr and exits with code 2. They are checked before anything is written; one found
+only later (a malformed line deep in the corpus) removes the work directory this run created.
+``BOOST_JAX_DEBUG=1`` raises it with its traceback instead. A full disk is one line too and,
+like Ctrl-C (exit code 130), keeps the finished shards for a rerun.
 
 Progress: when stderr is a terminal and preparing takes more than a second, a bar shows the
 input read and the tokens written. A bundled corpus prepared on first use
@@ -57,16 +72,12 @@ input read and the tokens written. A bundled corpus prepared on first use
 
 from __future__ import annotations
 
-import bz2
 import concurrent.futures
 import contextlib
 import errno
 import fcntl
 import functools
-import gzip
-import io
 import json
-import lzma
 import multiprocessing
 import os
 import shutil
@@ -83,6 +94,7 @@ from tqdm import tqdm
 
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.data.corpus import corpus_path
+from boost_jax.data.sources import Inputs, PrepareError, chunks, list_inputs, read_documents
 
 if TYPE_CHECKING:
     from absl.flags import FlagValues
@@ -90,151 +102,10 @@ if TYPE_CHECKING:
 PROG = "boost_jax.data.prepare"
 FORMAT_VERSION = 2
 MIB = 2**20
-_OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 TOKENIZER_SPECS = "bpe:<vocab size>, llama32k, spm:<file.model> or hf:<tokenizer.json>"
-
-
-class PrepareError(ValueError):
-    """A user-caused failure (bad input, tokenizer spec or output): its message is one line
-    that says what is wrong and what to do. The command prints it instead of a traceback."""
-
-
-# --- reading --------------------------------------------------------------------------------
-def _files(paths: Sequence[str | Path]) -> list[Path]:
-    """The input files named by ``paths``: directories expanded (sorted), a Hugging Face
-    ``save_to_disk`` directory to its Arrow files."""
-    out = []
-    for p in map(Path, paths):
-        if p.is_dir() and (p / "state.json").is_file() and (p / "dataset_info.json").is_file():
-            # a Hugging Face dataset saved with save_to_disk: its Arrow files, in order
-            try:
-                state = json.loads((p / "state.json").read_text())
-                out.extend(p / f["filename"] for f in state["_data_files"])
-            except (ValueError, KeyError, TypeError) as err:
-                raise PrepareError(f"{p / 'state.json'}: not a Hugging Face save_to_disk state "
-                                   f"file ({err!r})") from err
-        elif p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file()))
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise PrepareError(f"input {p} does not exist; check --input")
-    if not out:
-        raise PrepareError(f"no input files in {', '.join(map(str, paths))}; check --input")
-    return out
-
-
-class _Counted(io.RawIOBase):
-    """A binary file that tells ``on_read`` the size of every read: the progress bar counts
-    the bytes of the input files as they are (compressed or not)."""
-
-    def __init__(self, raw, on_read: Callable[[int], None]):
-        self.raw, self.on_read = raw, on_read
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int | None:
-        n = self.raw.readinto(buffer)
-        self.on_read(n or 0)
-        return n
-
-
-def read_documents(paths: Sequence[str | Path], text_field: str = "text",
-                   on_read: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Yield the documents of every input file, streaming (see the module docstring).
-
-    ``on_read(n)``: told the number of bytes of every read from the files (the progress bar).
-    A missing, unreadable or malformed input raises :class:`PrepareError` naming it.
-    """
-    count = on_read or (lambda n: None)
-    for path in _files(paths):
-        try:
-            if path.suffix == ".arrow":
-                yield from _arrow_documents(path, text_field)
-                count(path.stat().st_size)
-            else:
-                yield from _file_documents(path, text_field, count)
-        except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
-            raise PrepareError(f"{path}: cannot read it ({err})") from err
-
-
-def _file_documents(path: Path, text_field: str, count: Callable[[int], None]) -> Iterator[str]:
-    """A text file's one document, or a JSONL file's ``text_field`` of every line."""
-    suffixes = path.suffixes
-    opener = _OPENERS.get(suffixes[-1] if suffixes else "")
-    base = suffixes[-2] if opener and len(suffixes) > 1 else path.suffix
-    with open(path, "rb", buffering=0) as raw:
-        binary = io.BufferedReader(_Counted(raw, count), 64 * 1024)
-        with io.TextIOWrapper(opener(binary) if opener else binary, encoding="utf-8",
-                              errors="replace") as f:
-            if base in (".jsonl", ".json"):
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        yield _jsonl_text(path, n, line, text_field)
-            else:
-                yield f.read()
-
-
-def _jsonl_text(path: Path, n: int, line: str, text_field: str) -> str:
-    """The ``text_field`` of line ``n`` of a JSONL file."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise PrepareError(f"{path}:{n}: not valid JSON ({err.msg}); a .jsonl or .json file "
-                           "must hold one JSON object per line") from None
-    if not isinstance(record, dict):
-        raise PrepareError(f"{path}:{n}: {line.strip()[:40]!r} is not a JSON object; a .jsonl "
-                           "or .json file must hold one JSON object per line")
-    if text_field not in record:
-        raise PrepareError(f"{path}:{n}: no field {text_field!r} (fields: "
-                           f"{', '.join(record) or 'none'}); name the text's with "
-                           "--text_field=<field>")
-    text = record[text_field]
-    if not isinstance(text, str):
-        raise PrepareError(f"{path}:{n}: field {text_field!r} holds {json.dumps(text)[:40]}, "
-                           "not a string; name the text's field with --text_field")
-    return text
-
-
-def _arrow_documents(path: Path, text_field: str) -> Iterator[str]:
-    """The ``text_field`` column of an Arrow IPC stream file (what ``datasets``'
-    ``save_to_disk`` writes), a record batch at a time; null values are empty documents."""
-    try:
-        import pyarrow as pa
-    except ImportError:
-        raise PrepareError(f"{path}: reading Arrow files (a Hugging Face dataset saved with "
-                           "save_to_disk) needs pyarrow: pip install pyarrow") from None
-    try:
-        with pa.memory_map(str(path)) as source:
-            reader = pa.ipc.open_stream(source)
-            if text_field not in reader.schema.names:
-                raise PrepareError(f"{path}: no column {text_field!r} (columns: "
-                                   f"{', '.join(reader.schema.names)}); name the text's with "
-                                   "--text_field=<column>")
-            kind = reader.schema.field(text_field).type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-                raise PrepareError(f"{path}: column {text_field!r} holds {kind}, not strings; "
-                                   "name the text's column with --text_field")
-            for batch in reader:
-                yield from (t for t in batch.column(text_field).to_pylist() if t is not None)
-    except pa.ArrowException as err:
-        raise PrepareError(f"{path}: not a readable Arrow stream file ({err})") from err
-
-
-def chunks(docs: Iterator[str], chunk_bytes: int) -> Iterator[list[str]]:
-    """Group non-empty documents into lists of about ``chunk_bytes`` characters."""
-    chunk, size = [], 0
-    for doc in docs:
-        if not doc.strip():
-            continue
-        chunk.append(doc)
-        size += len(doc)
-        if size >= chunk_bytes:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+DEFAULT_EVAL_FRACTION = 0.02
+#: arguments added to ``args.json`` since format 2, with the value an older run had
+_ADDED_ARGS = dict(pattern=None, eval_inputs=[], eval_pattern=None)
 
 
 # --- tokenization, in worker processes -----------------------------------------------------
@@ -311,12 +182,14 @@ def _tokenized(pool, work: Iterator[tuple[int, list[str]]], seed: int, dtype: st
 
 # --- shards ---------------------------------------------------------------------------------
 class _ShardWriter:
-    """Appends chunks' tokens to ``<k>.bin.tmp`` (CRC as it goes); :meth:`close` splits off the
-    eval tail, writes the document offsets and renames everything into place, the record
-    last."""
+    """Appends chunks' tokens to ``<k>.bin.tmp`` (CRC as it goes); :meth:`close` splits the
+    tokens (``split``: ``"tail"``, the last ``eval_fraction`` of them are eval; ``"train"`` or
+    ``"eval"``, all of them are), writes the document offsets and renames everything into
+    place, the record last."""
 
-    def __init__(self, directory: Path, index: int, eval_fraction: float):
+    def __init__(self, directory: Path, index: int, eval_fraction: float, split: str = "tail"):
         self.dir, self.index, self.eval_fraction = directory, index, eval_fraction
+        self.split = split
         self.tmp = directory / f"{index:05d}.bin.tmp"
         self.file = open(self.tmp, "wb")
         self.crc, self.tokens, self.lengths = 0, 0, []
@@ -337,7 +210,10 @@ class _ShardWriter:
         np.save(self.dir / f"{name}.docs.tmp.npy", offsets)
         os.replace(self.dir / f"{name}.docs.tmp.npy", self.dir / f"{name}.docs.npy")
         os.replace(self.tmp, self.dir / f"{name}.bin")
-        n_eval = max(int(self.tokens * self.eval_fraction), 1)
+        if self.split == "tail":
+            n_eval = max(int(self.tokens * self.eval_fraction), 1)
+        else:
+            n_eval = self.tokens if self.split == "eval" else 0
         record = dict(file=f"{name}.bin", docs=f"{name}.docs.npy", tokens=self.tokens,
                       train_tokens=self.tokens - n_eval, documents=len(offsets) - 1,
                       crc32=self.crc, docs_crc32=_crc(self.dir / f"{name}.docs.npy"))
@@ -418,11 +294,12 @@ def _is_dataset(path: Path) -> bool:
 
 
 def _previous_args(work: Path) -> dict | None:
-    """The arguments of the unfinished run in ``work`` (``{}`` when unreadable), or None."""
+    """The arguments of the unfinished run in ``work`` (``{}`` when unreadable), or None.
+    Arguments added since (``--pattern``, ``--eval_input``, ...) take their defaults."""
     if not (work / "args.json").is_file():
         return None
     try:
-        return json.loads((work / "args.json").read_text())
+        return {**_ADDED_ARGS, **json.loads((work / "args.json").read_text())}
     except (OSError, ValueError):
         return {}
 
@@ -460,28 +337,61 @@ def _check_output(output: Path, args: dict, overwrite: bool) -> None:
                            "it, or pass --overwrite to discard it and start over")
 
 
-def _check_inputs(inputs: Sequence[str | Path], output: Path, text_field: str) -> list[Path]:
-    """The input files, once each is known to be readable, the output not inside an input
-    directory (it would be read as input) and some document known to hold text (reading up
-    to the first that does)."""
-    files = _files(inputs)
+def _check_inputs(inputs: Sequence[str | Path], pattern: str | None, output: Path,
+                  text_field: str, flag: str = "--input", pattern_flag: str = "--pattern"
+                  ) -> Inputs:
+    """The input files (:func:`~boost_jax.data.sources.list_inputs`), once each is known to be
+    readable, the output not inside an input directory (it would be read as input) and some
+    document known to hold text (reading up to the first that does). ``flag`` and
+    ``pattern_flag``: the flags the errors name."""
+    found = list_inputs(inputs, pattern, input_flag=flag, pattern_flag=pattern_flag)
     for p in map(Path, inputs):
         where = Path(os.path.abspath(p))
         if where.is_dir() and (output.is_relative_to(where)
                                or _work_dir(output).is_relative_to(where)):
             raise PrepareError(f"the output {output} is inside the input directory {p}, which "
                                "would read the output as input; choose an --output outside it")
-    for f in files:
+    for f in found.files:
         if not f.is_file() or not os.access(f, os.R_OK):
             raise PrepareError(f"input file {f} is missing or not readable")
     documents = 0
-    with contextlib.closing(read_documents(files, text_field)) as docs:
+    with contextlib.closing(read_documents(found.files, text_field)) as docs:
         for doc in docs:
             if doc.strip():
-                return files
+                return found
             documents += 1
     raise PrepareError(f"no text to prepare in {', '.join(map(str, inputs))} (files: "
-                       f"{len(files)}, documents: {documents}, all empty or blank); check --input")
+                       f"{len(found.files)}, documents: {documents}, all empty or blank); "
+                       f"check {flag}")
+
+
+def _check_split(eval_fraction: float | None, eval_inputs: Sequence[str | Path],
+                 eval_pattern: str | None) -> float:
+    """The eval fraction to apply: ``eval_fraction`` (default 0.02) without ``eval_inputs``,
+    0 with them, where an explicit nonzero one is refused (two eval splits)."""
+    if eval_pattern is not None and not eval_inputs:
+        raise PrepareError(f"--eval_pattern={eval_pattern!r} selects among the files of "
+                           "--eval_input, which is not given; add --eval_input=<validation "
+                           "files or directory> or drop --eval_pattern")
+    if not eval_inputs:
+        return DEFAULT_EVAL_FRACTION if eval_fraction is None else eval_fraction
+    if eval_fraction:
+        raise PrepareError(f"--eval_fraction={eval_fraction:g} and --eval_input both define "
+                           "the eval split; use --eval_input alone for a held-out validation "
+                           "set (the training shards then keep all their tokens), or drop "
+                           "--eval_input to hold out the tail of each training shard")
+    return 0.0
+
+
+def _check_disjoint(train: Inputs, held: Inputs) -> None:
+    """Refuse a file that is both a train and an eval input: its documents would be trained
+    on and evaluated."""
+    trained = {f.resolve() for f in train.files}
+    both = [f for f in held.files if f.resolve() in trained]
+    if both:
+        raise PrepareError(f"{both[0]} is both a training and an eval input ({len(both)} such "
+                           "files); select the training files with --pattern (e.g. "
+                           "--pattern='c4-train.*.json.gz') or name them in --input")
 
 
 def _check_numbers(eval_fraction: float, chunk_mb: float, chunks_per_shard: int,
@@ -500,43 +410,60 @@ def _check_numbers(eval_fraction: float, chunk_mb: float, chunks_per_shard: int,
 
 # --- the run ----------------------------------------------------------------------------------
 def prepare(inputs: Sequence[str | Path], output: str | Path, tokenizer: str = "bpe:4096",
-            eval_fraction: float = 0.02, seed: int = 0, text_field: str = "text",
+            eval_fraction: float | None = None, seed: int = 0, text_field: str = "text",
             workers: int = 0, chunk_mb: float = 4.0, chunks_per_shard: int = 64,
             tokenizer_sample_mb: float = 64.0, log: Callable[[str], None] | None = None, *,
-            overwrite: bool = False, progress: bool = True) -> dict:
+            pattern: str | None = None, eval_inputs: Sequence[str | Path] = (),
+            eval_pattern: str | None = None, overwrite: bool = False,
+            progress: bool = True) -> dict:
     """Tokenize ``inputs`` into ``output`` (see the module docstring); returns the manifest.
 
-    ``workers``: tokenizer processes (0: in this process). ``tokenizer_sample_mb``: how much
-    text trains a ``bpe:<n>`` tokenizer (the first documents of the stream). ``overwrite``:
-    replace a prepared dataset at ``output`` (built beside it, swapped in when complete), or
-    discard an unfinished run of other arguments. ``progress``: a bar on stderr (when it is a
-    terminal and the run takes over a second). A user-caused failure raises
-    :class:`PrepareError`, before anything is written when it can be known then.
+    ``pattern``: a glob on file names selecting the files of ``inputs``' directories.
+    ``eval_inputs`` (with ``eval_pattern`` for them): the documents of the eval split, whole,
+    in eval shards; the train shards then hold no eval tail. ``eval_fraction``: without
+    ``eval_inputs``, the share of each shard's tokens held out at its end (default 0.02); with
+    them, leave it None (or 0). ``workers``: tokenizer processes (0: in this process).
+    ``tokenizer_sample_mb``: how much text trains a ``bpe:<n>`` tokenizer (the first training
+    documents). ``overwrite``: replace a prepared dataset at ``output`` (built beside it,
+    swapped in when complete), or discard an unfinished run of other arguments.
+    ``progress``: a bar on stderr (when it is a terminal and the run takes over a second). A
+    user-caused failure raises :class:`PrepareError`, before anything is written when it can
+    be known then.
     """
     output = Path(os.path.abspath(output))
     work = _work_dir(output)
-    args = dict(inputs=[str(p) for p in inputs], tokenizer=tokenizer,
-                eval_fraction=eval_fraction, seed=seed, text_field=text_field,
-                chunk_mb=chunk_mb, chunks_per_shard=chunks_per_shard)
+    eval_fraction = _check_split(eval_fraction, eval_inputs, eval_pattern)
+    args = dict(inputs=[str(p) for p in inputs], pattern=pattern,
+                eval_inputs=[str(p) for p in eval_inputs], eval_pattern=eval_pattern,
+                tokenizer=tokenizer, eval_fraction=eval_fraction, seed=seed,
+                text_field=text_field, chunk_mb=chunk_mb, chunks_per_shard=chunks_per_shard)
     _check_numbers(eval_fraction, chunk_mb, chunks_per_shard, tokenizer_sample_mb)
     _check_tokenizer(tokenizer)
     _check_output(output, args, overwrite)
-    files = _check_inputs(inputs, output, text_field)
+    train = _check_inputs(inputs, pattern, output, text_field)
+    held = None
+    if eval_inputs:
+        held = _check_inputs(eval_inputs, eval_pattern, output, text_field, "--eval_input",
+                             "--eval_pattern")
+        _check_disjoint(train, held)
     # everything checked: from here on, the run writes
     if _previous_args(work) not in (None, args):
         shutil.rmtree(work)  # an unfinished run of other arguments, discarded (overwrite)
     created = not work.exists()
     try:
-        return _build(files, output, work, args, workers, tokenizer_sample_mb, log, progress)
+        return _build(train, held, output, work, args, workers, tokenizer_sample_mb, log,
+                      progress)
     except PrepareError:  # an input found malformed late: no trace of this run is left
         if created:
             shutil.rmtree(work, ignore_errors=True)
         raise
 
 
-def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int,
-           sample_mb: float, log: Callable[[str], None] | None, progress: bool) -> dict:
-    """The run itself, in ``work``, published to ``output`` when complete."""
+def _build(train: Inputs, held: Inputs | None, output: Path, work: Path, args: dict,
+           workers: int, sample_mb: float, log: Callable[[str], None] | None,
+           progress: bool) -> dict:
+    """The run itself, in ``work``, published to ``output`` when complete: the train shards
+    from ``train``'s files, then the eval shards from ``held``'s (when given)."""
     shard_dir = work / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     _write_json(work / "args.json", args)
@@ -544,6 +471,12 @@ def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int
         return _publish(work, output)
     for stale in shard_dir.glob("*.tmp*"):
         stale.unlink()
+    files, eval_files = train.files, held.files if held else []
+    for flag, found, pattern in (("input", train, "pattern"), ("eval_input", held, "eval_pattern")):
+        if log and found is not None and args[pattern] is not None:
+            n = len(found.files)
+            log(f"--{flag}: reading {n} file{'s' * (n != 1)}, ignoring {len(found.ignored)} not "
+                f"matching --{pattern}={args[pattern]!r}")
     text_field, seed = args["text_field"], args["seed"]
     chunk_bytes, per_shard = int(args["chunk_mb"] * MIB), args["chunks_per_shard"]
     tok = _tokenizer(args["tokenizer"], files, text_field, work, sample_mb, log)
@@ -559,9 +492,23 @@ def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int
         nonlocal read
         read += n
 
+    eval_shard = None  # the first eval shard, known once the train chunks are read
+
+    def numbered() -> Iterator[tuple[int, list[str]]]:
+        """(index, documents) of the train chunks, then of the eval chunks from the next
+        shard on."""
+        nonlocal eval_shard
+        i = -1
+        for i, docs in enumerate(chunks(read_documents(files, text_field, count), chunk_bytes)):
+            yield i, docs
+        if eval_files:
+            eval_shard = i // per_shard + 1
+            held_out = chunks(read_documents(eval_files, text_field, count), chunk_bytes)
+            yield from enumerate(held_out, eval_shard * per_shard)
+
     def todo() -> Iterator[tuple[int, list[str]]]:
         begin = 0
-        for i, docs in enumerate(chunks(read_documents(files, text_field, count), chunk_bytes)):
+        for i, docs in numbered():
             if i // per_shard not in done:
                 positions[i] = (begin, read)
                 yield i, docs
@@ -571,7 +518,7 @@ def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int
         begin, end = positions[index]
         bar.update(int(begin + fraction * (end - begin)) - bar.n)
 
-    total = sum(f.stat().st_size for f in files)
+    total = sum(f.stat().st_size for f in files + eval_files)
     bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="tokenizing",
                delay=1, file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
 
@@ -589,7 +536,9 @@ def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int
                 records[writer.index] = writer.close()
                 say(f"shard {writer.index}: {writer.tokens:,} tokens")
             if writer is None or writer.index != shard:
-                writer = _ShardWriter(shard_dir, shard, args["eval_fraction"])
+                split = "eval" if eval_shard is not None and shard >= eval_shard else \
+                    "train" if eval_files else "tail"
+                writer = _ShardWriter(shard_dir, shard, args["eval_fraction"], split)
             writer.write(ids, lengths)
             tokens += len(ids)
             bar.set_postfix_str(f"{tokens:,} tokens", refresh=False)
@@ -604,7 +553,10 @@ def _build(files: list[Path], output: Path, work: Path, args: dict, workers: int
                     vocab_size=tok.vocab_size, eos_id=tok.eos_id, dtype=dtype.name,
                     train_tokens=sum(s["train_tokens"] for s in shards),
                     eval_tokens=sum(s["tokens"] - s["train_tokens"] for s in shards),
-                    documents=sum(s["documents"] for s in shards), shards=shards, **args)
+                    documents=sum(s["documents"] for s in shards),
+                    eval_split="eval_input" if held else "train_tail", files=len(files),
+                    ignored_files=len(train.ignored), eval_files=len(eval_files),
+                    eval_ignored_files=len(held.ignored) if held else 0, shards=shards, **args)
     _write_json(work / "manifest.json", manifest)
     return _publish(work, output)
 
@@ -684,6 +636,18 @@ def read_manifest(path: str | Path) -> dict:
         if (Path(path) / name).is_file():
             return json.loads((Path(path) / name).read_text())
     raise FileNotFoundError(Path(path) / "manifest.json")
+
+
+def eval_split_label(meta: dict) -> str:
+    """What a prepared dataset's eval split is, for people: ``'held-out validation input
+    (c4-validation.*.json.gz)'`` or ``'tail of the training shards (--eval_fraction=0.02; no
+    validation input)'``, also for a manifest older than its ``eval_split`` field."""
+    if meta.get("eval_split") == "eval_input":
+        source = meta.get("eval_pattern") or ", ".join(meta.get("eval_inputs", []))
+        return f"held-out validation input ({source})"
+    fraction = meta.get("eval_fraction")
+    share = "" if fraction is None else f"--eval_fraction={fraction:g}; "
+    return f"tail of the training shards ({share}no validation input)"
 
 
 def default_cache_dir() -> Path:
@@ -782,17 +746,24 @@ def _command(argv: Sequence[str], f: FlagValues) -> int:
                            "process) or more")
     workers = (os.cpu_count() or 1) if f.workers < 0 else f.workers
     start = time.perf_counter()
-    meta = prepare(f.input, f.output, f.tokenizer, f.eval_fraction, f.seed, f.text_field,
+    eval_fraction = f.eval_fraction if f["eval_fraction"].present else None
+    meta = prepare(f.input, f.output, f.tokenizer, eval_fraction, f.seed, f.text_field,
                    workers, f.chunk_mb, f.chunks_per_shard, f.tokenizer_sample_mb,
-                   log=logging.info, overwrite=f.overwrite)
+                   log=logging.info, pattern=f.pattern, eval_inputs=f.eval_input or (),
+                   eval_pattern=f.eval_pattern, overwrite=f.overwrite)
     import resource
 
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    ignored = "".join(f"; ignored {meta.get(count, 0)} files not matching --{pattern}"
+                      for count, pattern in (("ignored_files", "pattern"),
+                                             ("eval_ignored_files", "eval_pattern"))
+                      if meta.get(pattern) is not None)
     logging.info("prepared %s: %d train + %d eval tokens in %d shards, vocab %d (%s), "
-                 "%.0f s, peak RSS of one process %.0f MiB", f.output, meta["train_tokens"],
-                 meta["eval_tokens"], len(meta["shards"]), meta["vocab_size"],
-                 meta["tokenizer"], time.perf_counter() - start, peak)
+                 "%.0f s, peak RSS of one process %.0f MiB; eval split: %s%s", f.output,
+                 meta["train_tokens"], meta["eval_tokens"], len(meta["shards"]),
+                 meta["vocab_size"], meta["tokenizer"], time.perf_counter() - start, peak,
+                 eval_split_label(meta), ignored)
     summary = {k: v for k, v in meta.items() if k != "shards"}
     print(json.dumps(dict(summary, shards=len(meta["shards"]), peak_rss_mib=round(peak)),
                      indent=1))
@@ -806,6 +777,14 @@ def define_flags(flag_values: FlagValues | None = None) -> None:
     fv = flag_values if flag_values is not None else flags.FLAGS
     flags.DEFINE_multi_string("input", None, "text/JSONL files or directories of them, or a "
                               "Hugging Face save_to_disk directory", flag_values=fv)
+    flags.DEFINE_string("pattern", None, "glob on file names: only the matching files of "
+                        "--input directories are read (e.g. 'c4-train.*.json.gz'); files named "
+                        "explicitly are always read", flag_values=fv)
+    flags.DEFINE_multi_string("eval_input", None, "the eval split's documents, whole (e.g. C4's "
+                              "validation files), as --input; instead of --eval_fraction",
+                              flag_values=fv)
+    flags.DEFINE_string("eval_pattern", None, "--pattern for the --eval_input directories "
+                        "(e.g. 'c4-validation.*.json.gz')", flag_values=fv)
     flags.DEFINE_string("output", None, "output directory (built in .<output>.partial beside "
                         "it, renamed when complete)", flag_values=fv)
     flags.DEFINE_bool("overwrite", False, "replace the prepared dataset at --output (the new one "
@@ -814,7 +793,8 @@ def define_flags(flag_values: FlagValues | None = None) -> None:
                       flag_values=fv)
     flags.DEFINE_string("tokenizer", "bpe:4096", "bpe:<vocab> | llama32k | spm:<file> | "
                         "hf:<json>", flag_values=fv)
-    flags.DEFINE_float("eval_fraction", 0.02, "fraction of each shard's tokens held out for eval",
+    flags.DEFINE_float("eval_fraction", DEFAULT_EVAL_FRACTION, "without --eval_input: the "
+                       "fraction of each shard's tokens held out for eval, at its end",
                        flag_values=fv)
     flags.DEFINE_integer("seed", 0, "document shuffle seed (within each chunk)", flag_values=fv)
     flags.DEFINE_string("text_field", "text", "JSONL field (Arrow column) holding the text",

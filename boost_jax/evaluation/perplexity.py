@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import Config, ConfigError, Parallel
 from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
+from boost_jax.data.prepare import eval_split_label
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.progress import say
@@ -57,6 +58,7 @@ class Perplexity:
     mesh: dict[str, int]
     dtype: str
     seconds: float
+    eval_split: str = ""  # what the eval split is (data/prepare.py: eval_split_label)
 
     @property
     def perplexity(self) -> float:
@@ -191,5 +193,6 @@ def evaluate_perplexity(params: dict, config: Config,
     if ds.data.packing == "concat":
         left_out = len(ds.windows("eval", t.seq_len)) - batches * t.batch_size
     return Perplexity(loss_sum / tokens, tokens, batches, left_out, t.seq_len, t.batch_size,
-                      config.data.path, dict(mesh.shape), t.dtype, time.perf_counter() - start)
+                      config.data.path, dict(mesh.shape), t.dtype, time.perf_counter() - start,
+                      eval_split_label(ds.meta))
 

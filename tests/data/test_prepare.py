@@ -1,5 +1,5 @@
-"""The prepare command: inputs, tokenizers, splits, atomic output, --overwrite, one-line
-errors."""
+"""The prepare command: tokenizers, splits (a validation input, or the shards' tails), atomic
+output, --overwrite, one-line errors. The readers and patterns: test_sources.py."""
 
 import gzip
 import json
@@ -12,43 +12,8 @@ import pytest
 
 from boost_jax.data import prepare as prepare_module
 from boost_jax.data import tokenizer as tokenizers
-from boost_jax.data.prepare import PrepareError, prepare, read_documents, verify
+from boost_jax.data.prepare import PrepareError, eval_split_label, prepare, verify
 from boost_jax.data.synthetic import write_corpus
-
-
-def test_reads_text_jsonl_and_compressed(tmp_path):
-    (tmp_path / "a.txt").write_text("first document")
-    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
-        f.write(json.dumps({"text": "second"}) + "\n\n" + json.dumps({"text": "third"}) + "\n")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "c.raw").write_text("fourth")
-    docs = list(read_documents([tmp_path / "a.txt", tmp_path / "b.jsonl.gz", tmp_path / "sub"]))
-    assert docs == ["first document", "second", "third", "fourth"]
-    with pytest.raises(PrepareError, match="b.jsonl.gz:1: no field 'body'"):
-        list(read_documents([tmp_path / "b.jsonl.gz"], text_field="body"))
-    with pytest.raises(PrepareError, match="does not exist"):
-        list(read_documents([tmp_path / "missing.txt"]))
-
-
-def test_reads_a_hugging_face_save_to_disk_directory(tmp_path):
-    """The layout ``datasets.Dataset.save_to_disk`` writes: Arrow IPC stream files listed in
-    ``state.json``, beside ``dataset_info.json`` (which is not read as a document)."""
-    pa = pytest.importorskip("pyarrow")
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    names = []
-    for k, texts in enumerate([["one", "two"], ["three"]]):
-        names.append(f"data-{k:05d}-of-00002.arrow")
-        table = pa.table({"text": texts, "url": ["u"] * len(texts)})
-        with pa.OSFile(str(saved / names[-1]), "wb") as sink:
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table, max_chunksize=1)
-    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": n}
-                                                                  for n in names]}))
-    (saved / "dataset_info.json").write_text(json.dumps({"features": {}}, indent=2))
-    assert list(read_documents([saved])) == ["one", "two", "three"]
-    with pytest.raises(PrepareError, match="no column 'body'"):
-        list(read_documents([saved], text_field="body"))
 
 
 def test_prepared_layout(tiny_data):
@@ -66,6 +31,11 @@ def test_prepared_layout(tiny_data):
     tok = tokenizers.load(tiny_data)
     text = tok.decode(train[:200])
     assert "the" in text.lower()  # real English, not random ids
+    assert meta["eval_split"] == "train_tail"
+    label = "tail of the training shards (--eval_fraction=0.05; no validation input)"
+    assert eval_split_label(meta) == label
+    del meta["eval_split"]  # a manifest written before the field: the tail, as it was
+    assert eval_split_label(meta) == label
 
 
 def test_prepare_refuses_to_overwrite_and_leaves_no_partial(tmp_path, tiny_data):
@@ -150,6 +120,103 @@ def test_prepare_resumes_after_kill_without_redoing_finished_shards(tmp_path):
     fresh = prepare([src], tmp_path / "fresh", **SMALL_SHARDS)
     resumed = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert resumed["shards"] == fresh["shards"]
+
+
+# --- a validation input: C4's layout -------------------------------------------------------
+C4_SHARDS = dict(tokenizer="bpe:300", workers=0, chunk_mb=0.001, chunks_per_shard=1)
+
+
+def _shard_documents(out, shard: dict, tok) -> list[str]:
+    """A shard's documents, decoded, by its document offsets (each ends with end-of-text)."""
+    tokens = np.fromfile(out / "shards" / shard["file"], np.uint16)
+    offsets = np.load(out / "shards" / shard["docs"])
+    assert all(tokens[end - 1] == tok.eos_id for end in offsets[1:])
+    return [tok.decode(tokens[a:b - 1]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _c4(c4_like, out, **kwargs) -> dict:
+    return prepare([c4_like.root], out, pattern=c4_like.PATTERN, eval_inputs=[c4_like.root],
+                   eval_pattern=c4_like.EVAL_PATTERN, **C4_SHARDS, **kwargs)
+
+
+def test_a_validation_input_is_the_eval_split_whole(c4_like, tmp_path):
+    """C4's recipe: the training files (README and stray files ignored, counted) make the train
+    shards, all train; the validation file's documents make the eval shards, whole, each once,
+    and appear in no train shard. Both readers (concat windows' regions and document packing)
+    give exactly these documents per split."""
+    from boost_jax.data.packing import DocumentPieces
+    from boost_jax.data.pipeline import _regions
+
+    out = tmp_path / "out"
+    meta = _c4(c4_like, out)
+    assert verify(out) == []
+    assert (meta["eval_split"], meta["eval_fraction"]) == ("eval_input", 0.0)
+    assert (meta["files"], meta["ignored_files"]) == (2, 3)  # README, notes, validation
+    assert (meta["eval_files"], meta["eval_ignored_files"]) == (1, 4)
+    assert eval_split_label(meta) == "held-out validation input (c4-validation.*.json.gz)"
+    tok = tokenizers.load(out)
+    splits = ["eval" if s["train_tokens"] == 0 else "train" for s in meta["shards"]]
+    assert all(s["train_tokens"] in (0, s["tokens"]) for s in meta["shards"])
+    assert splits.count("eval") >= 2 and splits.count("train") >= 2
+    assert splits == sorted(splits, key=["train", "eval"].index)  # the eval shards last
+    docs = {"train": [], "eval": []}
+    for shard, split in zip(meta["shards"], splits):
+        docs[split] += _shard_documents(out, shard, tok)
+    assert sorted(docs["eval"]) == sorted(c4_like.validation)  # whole, each once
+    assert sorted(docs["train"]) == sorted(c4_like.train)
+    trained_on = "".join(docs["train"])
+    assert "Validation document" not in trained_on and c4_like.STRAY not in trained_on
+    assert meta["eval_tokens"] == sum(len(tok.encode_batch([d])[0]) + 1 for d in docs["eval"])
+    for split, texts in (("eval", c4_like.validation), ("train", c4_like.train)):
+        region = np.concatenate(_regions(out, split))  # what concat packing windows
+        ends = np.flatnonzero(region == tok.eos_id)
+        assert ends[-1] == len(region) - 1
+        got = [tok.decode(region[a + 1:b]) for a, b in zip([-1, *ends[:-1]], ends)]
+        assert sorted(got) == sorted(texts)
+        pieces = DocumentPieces(out, split, 1024, tmp_path / "cache")  # one piece a document
+        assert len(pieces) == len(texts)
+        got = [tok.decode(pieces[j]["targets"][:-1]) for j in range(len(pieces))]
+        assert sorted(got) == sorted(texts)
+
+
+def test_the_c4_recipe_through_the_command(c4_like, tmp_path, capsys, caplog):
+    """The README's command line: one summary line counts the ignored files and says where the
+    eval split came from; the arguments are recorded, so a rerun with another --eval_pattern
+    of an unfinished run is refused."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "out"
+    args = [f"--input={c4_like.root}", f"--pattern={c4_like.PATTERN}",
+            f"--eval_input={c4_like.root}", f"--eval_pattern={c4_like.EVAL_PATTERN}",
+            f"--output={out}", "--tokenizer=bpe:300", "--workers=0"]
+    code, err = _main(capsys, *args)
+    assert code == 0, err
+    (summary,) = [r.getMessage() for r in caplog.records if "prepared" in r.getMessage()]
+    assert summary.endswith("eval split: held-out validation input (c4-validation.*.json.gz); "
+                            "ignored 3 files not matching --pattern; ignored 4 files not "
+                            "matching --eval_pattern")
+    meta = json.loads((out / "manifest.json").read_text())
+    assert (meta["pattern"], meta["eval_pattern"]) == (c4_like.PATTERN, c4_like.EVAL_PATTERN)
+    assert meta["eval_inputs"] == [str(c4_like.root)] and meta["eval_split"] == "eval_input"
+
+
+def test_an_unfinished_run_with_another_eval_pattern_is_refused(c4_like, tmp_path, capsys,
+                                                                 monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(prepare_module._ShardWriter, "close", _fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        _c4(c4_like, out)
+    monkeypatch.undo()
+    args = json.loads((tmp_path / ".out.partial" / "args.json").read_text())
+    assert args["eval_pattern"] == c4_like.EVAL_PATTERN and args["eval_inputs"]
+    code, err = _main(capsys, f"--input={c4_like.root}", f"--pattern={c4_like.PATTERN}",
+                      f"--eval_input={c4_like.root}", "--eval_pattern=c4-validation.*",
+                      f"--output={out}", "--tokenizer=bpe:300", "--chunk_mb=0.001",
+                      "--chunks_per_shard=1")
+    assert code == 2 and err.count("\n") == 1
+    assert (f"other arguments (eval_pattern={c4_like.EVAL_PATTERN!r} there, 'c4-validation.*' "
+            "now)") in err
 
 
 @pytest.mark.slow
@@ -281,6 +348,25 @@ BAD = {
     "malformed jsonl line late": ({"input": "{t}/late.jsonl", "chunk_mb": "0.0001"},
                                   "late.jsonl:3: not valid JSON"),
     "eval fraction": ({"eval_fraction": "1.5"}, "--eval_fraction=1.5 must be in [0, 1)"),
+    "pattern matches nothing": ({"input": "{t}/c4", "pattern": "c4-train.*.json.gz"},
+                                "--pattern='c4-train.*.json.gz' matches none of the 1 files "
+                                "under {t}/c4 (e.g. notes.txt); check --pattern"),
+    "pattern without a directory": ({"pattern": "*.txt"}, "--input names none (a file named "
+                                    "explicitly is always read); drop --pattern"),
+    "eval pattern matches nothing": ({"eval_input": "{t}/c4", "eval_pattern": "c4-valid*"},
+                                     "--eval_pattern='c4-valid*' matches none of the 1 files"),
+    "eval pattern without eval input": ({"eval_pattern": "c4-valid*"}, "--eval_pattern="
+                                        "'c4-valid*' selects among the files of --eval_input, "
+                                        "which is not given"),
+    "eval input and eval fraction": ({"eval_input": "{t}/c4", "eval_fraction": "0.05"},
+                                     "--eval_fraction=0.05 and --eval_input both define the "
+                                     "eval split; use --eval_input alone"),
+    "missing eval input": ({"eval_input": "{t}/gone"}, "eval input {t}/gone does not exist; "
+                           "check --eval_input"),
+    "blank eval input": ({"eval_input": "{t}/blank.txt"}, "no text to prepare in {t}/blank.txt "
+                         "(files: 1, documents: 1, all empty or blank); check --eval_input"),
+    "train file as eval input": ({"eval_input": "{t}/in.txt"}, "{t}/in.txt is both a training "
+                                 "and an eval input"),
     "no output": ({"output": None}, "--input and --output are required"),
     "verify a non-dataset": ({"verify": "{t}"}, "no manifest.json"),
     "positional argument": ({"": "extra"}, "unexpected arguments 'extra'"),
@@ -298,6 +384,8 @@ def test_a_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, ca
     (t / "taken" / "notes.md").write_text("mine")
     (t / "body.jsonl").write_text(json.dumps({"body": TEXT}) + "\n")
     (t / "late.jsonl").write_text(2 * (json.dumps({"text": TEXT}) + "\n") + "{oops\n")
+    (t / "c4").mkdir()
+    (t / "c4" / "notes.txt").write_text(TEXT)
     overrides, expected = BAD[case]
     flags = {"input": "{t}/in.txt", "output": "{t}/out", "tokenizer": "llama32k",
              "workers": "0", **overrides}

@@ -164,6 +164,8 @@ def test_command_prints_the_perplexity_as_json(tiny_run, trained):
     got = json.loads(out.stdout)
     assert (got["step"], got["batches"], got["tokens"]) == (4, 3, 3 * 8 * 32)
     assert got["mesh"] == {"data": 1, "pipe": 1, "tensor": 1}  # the run's mesh
+    assert got["eval_split"] == ("tail of the training shards (--eval_fraction=0.05; no "
+                                 "validation input)")  # tiny_data has no validation input
     ref = evaluate_perplexity(trained.params, eval_config(run), jax.devices()[:1], 3)
     assert rel_err(got["loss"], ref.loss) <= 1e-5
     assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
