@@ -4,7 +4,9 @@
   ``<step>``'s arrays fails (an I/O error seen by one host only);
 - ``BOOST_JAX_FAULT_KILL=<step>:<moment>``: the process kills itself (SIGKILL) while saving
   checkpoint ``<step>``: ``meta`` -- arrays written, metadata not; ``commit`` -- everything
-  written, the temporary directory not yet renamed.
+  written, the temporary directory not yet renamed;
+- ``BOOST_JAX_FAULT_HANG=<marker file>``: every checkpoint save hangs (as a collective waiting
+  for a dead process would), after creating the marker file.
 
 Nothing here is imported by boost_jax itself.
 """
@@ -13,6 +15,20 @@ import os
 
 _UNREADABLE = os.environ.get("BOOST_JAX_FAULT_UNREADABLE")
 _KILL = os.environ.get("BOOST_JAX_FAULT_KILL")
+_HANG = os.environ.get("BOOST_JAX_FAULT_HANG")
+
+if _HANG:
+    import time
+    from pathlib import Path
+
+    from boost_jax.train import checkpoint
+
+    def _hang(self, *args, **kwargs):
+        Path(_HANG).touch()
+        while True:
+            time.sleep(3600)
+
+    checkpoint.Checkpointer.save = _hang
 
 if _UNREADABLE or _KILL:
     import errno

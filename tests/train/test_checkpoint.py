@@ -3,6 +3,7 @@ append-only metrics history, stale temporaries, a full disk (train/checkpoint.py
 integrity.py)."""
 
 import contextlib
+import dataclasses
 import errno
 import json
 import shutil
@@ -239,3 +240,105 @@ def _config_groups(saved, size):
     model = {k: saved["Model"][k] for k in ("arch", "rank")}
     return (Model(size=size, **model), Parallel(**{**saved["Parallel"], "data": 1, "tensor": 1}),
             Train(**saved["Train"]), Data(**saved["Data"]))
+
+
+# --- damage, mismatch, or neither ---------------------------------------------------------
+@pytest.mark.parametrize("err, kind", [
+    (UnicodeDecodeError("utf-8", b"\xcf", 0, 1, "invalid continuation byte"), "DAMAGED"),
+    (json.JSONDecodeError("Expecting value", "{", 1), "DAMAGED"),
+    (ValueError("DATA_LOSS: Error reading ... CRC-32C checksum verification failed"), "DAMAGED"),
+    (ValueError("FAILED_PRECONDITION: Error reading shard entry {0, 0}: "
+                "ZSTD_decompressStream() failed"), "DAMAGED"),
+    (ValueError('FAILED_PRECONDITION: Error reading local file "_sharding": Invalid JSON'),
+     "DAMAGED"),
+    (OSError(errno.EIO, "Input/output error"), "TRANSIENT"),
+    (ValueError("UNAVAILABLE: Error reading gs://bucket/x: HTTP 503"), "TRANSIENT"),
+    (ValueError("DEADLINE_EXCEEDED: read timed out"), "TRANSIENT"),
+    (FileNotFoundError(errno.ENOENT, "No such file", "x"), "MISSING"),
+    (ValueError("NOT_FOUND: Error reading local file x"), "MISSING"),
+    (ValueError("Tree structures differ: {'a': *} vs {'b': *}"), "UNKNOWN"),
+])
+def test_what_counts_as_damage(err, kind):
+    from boost_jax.train.checkpoint import Failure, classify
+
+    wrapped = RuntimeError("Encountered error while reading")
+    wrapped.__cause__ = err
+    assert classify(err) == classify(wrapped) == Failure[kind]
+
+
+def _failing_reads(monkeypatch, step, times):
+    """The state of checkpoint ``step`` raises an injected I/O error on its first ``times``
+    reads; returns the list of failed attempts."""
+    from boost_jax.train import checkpoint
+
+    monkeypatch.setattr(checkpoint, "RETRY_DELAY_S", 0.0)
+    real, failed = ocp.StandardCheckpointHandler.restore, []
+
+    def restore(self, directory, *args, **kwargs):
+        if directory.parent.name == str(step) and len(failed) < times:
+            failed.append(directory)
+            raise OSError(errno.EIO, "Input/output error (injected)", str(directory))
+        return real(self, directory, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "restore", restore)
+    return failed
+
+
+def test_a_transient_read_error_is_retried_and_the_run_resumes(tiny_data, eight_steps, tmp_path,
+                                                                monkeypatch, caplog):
+    workdir = _copy(eight_steps, tmp_path)
+    failed = _failing_reads(monkeypatch, 8, times=2)
+    s = run(_cfg(tiny_data, 10), workdir, ONE)
+    assert len(failed) == 2 and (s.start_step, s.step) == (8, 10)
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retried) == 2 and "Input/output error (injected)" in retried[0]
+    assert not list(workdir.glob("checkpoints/corrupt-*"))
+
+
+def test_a_read_error_that_persists_is_reported_not_quarantined(tiny_data, eight_steps, tmp_path,
+                                                                monkeypatch):
+    from boost_jax.train.checkpoint import READ_ATTEMPTS, CheckpointReadError
+
+    workdir = _copy(eight_steps, tmp_path)
+    before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    metrics = (workdir / "metrics.jsonl").read_bytes()
+    failed = _failing_reads(monkeypatch, 8, times=100)
+    with pytest.raises(CheckpointReadError) as err:
+        run(_cfg(tiny_data, 10), workdir, ONE)
+    assert len(failed) == READ_ATTEMPTS
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("could not read checkpoint 8's arrays")
+    assert "left in place" in msg and "Input/output error (injected)" in msg
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+    assert (workdir / "metrics.jsonl").read_bytes() == metrics
+    monkeypatch.undo()  # the storage is back: the run resumes from step 8
+    assert run(_cfg(tiny_data, 9), workdir, ONE).start_step == 8
+
+
+def test_an_optimizer_state_of_another_shape_is_a_mismatch(tiny_data, eight_steps, tmp_path,
+                                                           monkeypatch):
+    """An upgrade that changes the optimizer state's tree (simulated: one more count in the
+    chain): one line naming the first difference, nothing moved; the old version resumes."""
+    import optax
+
+    from boost_jax.train import loop
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.resume import ResumeMismatch
+
+    def upgraded(train, model=None):
+        opt = make_optimizer(train, model)
+        return dataclasses.replace(opt, tx=optax.chain(opt.tx, optax.scale_by_schedule(
+            lambda count: 1.0)))
+
+    workdir = _copy(eight_steps, tmp_path)
+    before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    monkeypatch.setattr(loop, "make_optimizer", upgraded)
+    with pytest.raises(ResumeMismatch) as err:
+        run(_cfg(tiny_data, 10), workdir, ONE)
+    msg = str(err.value)
+    assert msg.startswith("checkpoint 8's state does not fit this run's: opt_state.0.0.count "
+                          "is in this run's state, not in the checkpoint (")
+    assert "nothing was moved" in msg and "\n" not in msg
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+    monkeypatch.undo()
+    assert run(_cfg(tiny_data, 9), workdir, ONE).start_step == 8

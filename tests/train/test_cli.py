@@ -137,6 +137,38 @@ def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
     assert (s.start_step, s.step) == (steps[0], steps[0] + 2)
 
 
+def test_a_second_signal_ends_a_stuck_stop(tiny_data, tmp_path):
+    """SIGINT, then -- while the stop's checkpoint save hangs (injected) -- a second SIGINT: one
+    line, exit code 130, no promise of a checkpoint; the first SIGINT said what a second does."""
+    hung = tmp_path / "hung"
+    env = dict(_env(), PYTHONPATH=FAULTS, BOOST_JAX_FAULT_HANG=str(hung))
+    gin = [*_tiny_gin(tiny_data), "Train.steps=100000", "Train.checkpoint_every=100000",
+           "Parallel.data=1", "Parallel.tensor=1", "Parallel.tp_plan='none'"]
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen(_cmd(tmp_path / "run", *gin), stdout=subprocess.DEVNULL,
+                                stderr=err, text=True, env=env)
+        try:
+            metrics, deadline = tmp_path / "run" / "metrics.jsonl", time.time() + 180
+            while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            while time.time() < deadline and not hung.exists():
+                time.sleep(0.1)
+            assert hung.exists(), "the stop did not reach its checkpoint"
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        err.seek(0)
+        stderr = err.read()
+    assert rc == 128 + signal.SIGINT, stderr[-2000:]
+    assert "SIGINT: stopping after the next step, with a checkpoint; a second one ends" in stderr
+    (line,) = [x for x in stderr.splitlines() if "error:" in x]
+    assert line == ("boost_jax.train: error: second SIGINT while stopping: ending now, without a "
+                    "checkpoint (the last one saved stays)")
+    assert "checkpoint saved" not in stderr
+
+
 @pytest.mark.slow
 def test_cli_resume_40_then_80_equals_fresh_80(tiny_data, tmp_path):
     """The acceptance check, literally: 40 steps, then the same command with 80."""
