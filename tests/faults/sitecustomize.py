@@ -1,7 +1,8 @@
 """Test-only fault injection for subprocess runs: put this directory on ``PYTHONPATH`` and set
 
-- ``BOOST_JAX_FAULT_UNREADABLE=<process>:<step>``: that process's read of checkpoint
-  ``<step>``'s arrays fails (an I/O error seen by one host only);
+- ``BOOST_JAX_FAULT_UNREADABLE=<process>:<step>[:<times>]``: that process's reads of
+  checkpoint ``<step>``'s arrays fail (an I/O error seen by one host only), every time or the
+  first ``<times>``;
 - ``BOOST_JAX_FAULT_KILL=<step>:<moment>``: the process kills itself (SIGKILL) while saving
   checkpoint ``<step>``: ``meta`` -- arrays written, metadata not; ``commit`` -- everything
   written, the temporary directory not yet renamed;
@@ -42,13 +43,16 @@ if _UNREADABLE or _KILL:
         return Path(str(path)).parent.name.split(".")[0]
 
     if _UNREADABLE:
-        _proc, _step = _UNREADABLE.split(":")
+        _proc, _step, *_times = _UNREADABLE.split(":")
+        _failures = [int(_times[0]) if _times else 1 << 30]
         _restore = ocp.StandardCheckpointHandler.restore
 
         def restore(self, directory, *args, **kwargs):
             import jax
 
-            if jax.process_index() == int(_proc) and _step_of(directory) == _step:
+            if (jax.process_index() == int(_proc) and _step_of(directory) == _step
+                    and _failures[0] > 0):
+                _failures[0] -= 1
                 raise OSError(errno.EIO, "Input/output error (injected)", str(directory))
             return _restore(self, directory, *args, **kwargs)
 
