@@ -4,7 +4,8 @@ The run's parameters (fp32, canonical layout, read by :func:`~boost_jax.train.tr
 are placed on a ``(data, pipe, tensor)`` mesh by the trainer's
 :class:`~boost_jax.parallel.runner.ShardedModel` and scored by the trainer's eval step
 (:func:`~boost_jax.train.step.make_eval_step`: the sharded loss, pipelined or tensor-parallel
-as the mesh says). Every full global batch of the eval split is evaluated, in order (or the
+as the mesh says), summed by the trainer's own :func:`~boost_jax.train.step.evaluate`. Every
+full global batch of the eval split is evaluated, in order (or the
 first ``max_batches``); the first ``Train.eval_batches`` of them are the batches the trainer
 evaluates. The loss is the mean over every token evaluated (token-weighted across batches, so
 packed batches with padding count right); windows of a ``concat`` split that cannot fill a
@@ -28,8 +29,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import Config, ConfigError, Parallel
 from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
@@ -37,7 +36,7 @@ from boost_jax.data.prepare import eval_split_label
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.progress import say
-from boost_jax.train.step import make_eval_step
+from boost_jax.train.step import evaluate, make_eval_step
 
 #: the one-device mesh used when the run's mesh does not fit (and no mesh was asked for)
 ONE_DEVICE = Parallel(data=1, pipe=1, tensor=1, tp_plan="none")
@@ -154,45 +153,33 @@ def evaluate_perplexity(params: dict, config: Config,
     _check_data(ds, config)
     model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
     placed = place_params(model, params)
-    loss_fn = make_eval_step(model)
-    count_fn = jax.jit(lambda s: jnp.sum(s > 0, dtype=jnp.int32),
-                       out_shardings=NamedSharding(mesh, P()))
+    eval_step = make_eval_step(model)
     rows = local_batch_rows(mesh, t.batch_size)
     total = len(ds.windows("eval", t.seq_len)) // t.batch_size \
         if ds.data.packing == "concat" else None
     if total is not None and max_batches is not None:
         total = min(total, max_batches)
-    loss_sum, tokens, batches, shown = 0.0, 0, 0, time.perf_counter()
-    pending = None
+    shown = time.perf_counter()
 
-    def read(pending) -> None:
-        nonlocal loss_sum, tokens, batches
-        loss, count = jax.device_get(pending)
-        loss_sum += float(loss) * int(count)
-        tokens += int(count)
-        batches += 1
-
-    for local in iter_eval_batches(ds, t.seq_len, t.batch_size, rows, max_batches):
-        batch = {k: jax.make_array_from_process_local_data(model.batch_sharding, v,
-                                                          (t.batch_size, v.shape[1]))
-                 for k, v in local.items()}
-        count = count_fn(batch["segment_ids"]) if "segment_ids" in batch \
-            else t.batch_size * t.seq_len
-        out = (loss_fn(placed, batch), count)
-        if pending is not None:  # one batch in flight while the previous one is read
-            read(pending)
-        pending = out
+    def progress(batches: int) -> None:
+        nonlocal shown
         if time.perf_counter() - shown > progress_every:
             shown = time.perf_counter()
             say(f"evaluated {batches}{f'/{total}' if total else ''} batches", file=sys.stderr)
-    if pending is not None:
-        read(pending)
+
+    global_batches = (
+        {k: jax.make_array_from_process_local_data(model.batch_sharding, v,
+                                                   (t.batch_size, v.shape[1]))
+         for k, v in local.items()}
+        for local in iter_eval_batches(ds, t.seq_len, t.batch_size, rows, max_batches))
+    totals = evaluate(eval_step, placed, global_batches, progress)
+    batches = totals.batches
     if batches == 0:
         raise _no_batches(ds, config)
     left_out = None
     if ds.data.packing == "concat":
         left_out = len(ds.windows("eval", t.seq_len)) - batches * t.batch_size
-    return Perplexity(loss_sum / tokens, tokens, batches, left_out, t.seq_len, t.batch_size,
+    return Perplexity(totals.loss, totals.tokens, batches, left_out, t.seq_len, t.batch_size,
                       config.data.path, dict(mesh.shape), t.dtype, time.perf_counter() - start,
                       eval_split_label(ds.meta))
 

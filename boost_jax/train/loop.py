@@ -30,7 +30,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
@@ -50,6 +49,7 @@ from boost_jax.train.signals import StopRequest
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
+    evaluate,
     from_checkpoint_layout,
     init_state,
     make_eval_step,
@@ -237,7 +237,7 @@ class _Run:
         if not self.evals:
             return None
         with self.report.paused():
-            loss = float(np.mean([jax.device_get(self.eval_fn(params, b)) for b in self.evals]))
+            loss = evaluate(self.eval_fn, params, self.evals).loss
         self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
         say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
         return loss

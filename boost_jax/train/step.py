@@ -16,7 +16,9 @@ steps as one global program under ``jit``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -278,7 +280,53 @@ def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq
 
 
 def make_eval_step(model: ShardedModel):
-    """``eval_step(params, batch) -> mean loss`` of one global batch."""
+    """``eval_step(params, batch) -> (mean loss, tokens)`` of one global batch: replicated
+    scalars, ``tokens`` the int32 count of targets that count (models/batch.py)."""
     replicated = NamedSharding(model.mesh, P())
-    return jax.jit(model.loss, in_shardings=(model.param_shardings, model.batch_sharding),
-                   out_shardings=replicated)
+
+    def step(params, batch):
+        return model.loss(params, batch), jnp.asarray(token_count(batch), jnp.int32)
+
+    return jax.jit(step, in_shardings=(model.param_shardings, model.batch_sharding),
+                   out_shardings=(replicated, replicated))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalTotals:
+    """What :func:`evaluate` summed: the loss over every token that counts, in nats."""
+
+    loss_sum: float
+    tokens: int
+    batches: int
+
+    @property
+    def loss(self) -> float:
+        """The token-weighted mean (NaN when nothing was evaluated)."""
+        return self.loss_sum / self.tokens if self.tokens else float("nan")
+
+
+def evaluate(eval_step, params, batches: Iterable[dict],
+             on_batch: Callable[[int], None] | None = None) -> EvalTotals:
+    """The one evaluation of the trainer and ``python -m boost_jax.eval``: ``eval_step``
+    (:func:`make_eval_step`) over global ``batches``, each batch's mean weighted by its token
+    count (packed batches with padding count what they hold), summed in float64 on the host,
+    one batch in flight while the previous one is read. ``on_batch(n)`` after the n-th."""
+    loss_sum, tokens, n, pending = 0.0, 0, 0, None
+
+    def read() -> None:
+        nonlocal loss_sum, tokens, n
+        loss, count = jax.device_get(pending)
+        loss_sum += float(loss) * int(count)
+        tokens += int(count)
+        n += 1
+        if on_batch is not None:
+            on_batch(n)
+
+    for batch in batches:
+        out = eval_step(params, batch)
+        if pending is not None:
+            read()
+        pending = out
+    if pending is not None:
+        read()
+    return EvalTotals(loss_sum, tokens, n)

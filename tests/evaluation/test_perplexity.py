@@ -75,6 +75,29 @@ def test_first_batches_are_the_trainers_eval(tiny_run, trained):
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(lazy, eager) for k in a)
 
 
+def test_the_trainer_and_the_eval_command_agree_on_padded_packed_batches(packing_data,
+                                                                         tmp_path):
+    """Document-packed eval batches hold different numbers of real tokens (padding): the
+    trainer's eval loss is the same token-weighted mean as boost_jax.eval's over the same
+    batches, to the bit (one code path, train/step.py evaluate)."""
+    from boost_jax.config import Config, Data, Train
+    from boost_jax.testing import SINGLE, tiny
+    from boost_jax.train.loop import run
+
+    train = Train(steps=2, batch_size=8, seq_len=32, eval_batches=3, checkpoint_every=1000,
+                  eval_every=1000, log_every=1000)
+    config = Config(tiny("cola"), SINGLE, train, Data(path=str(packing_data),
+                                                      packing="document", packing_bins=4))
+    summary = run(config, tmp_path, jax.devices()[:1], checkpoint_async=False)
+    trained, (saved, _) = load_trained(tmp_path), trained_config(tmp_path)
+    r = evaluate_perplexity(trained.params, eval_config(saved), jax.devices()[:1],
+                            max_batches=3)
+    counts = [int((b["segment_ids"] > 0).sum()) for b in eval_batches(
+        open_dataset(config.data), 32, 8, 3)]
+    assert len(set(counts)) > 1 and r.tokens == sum(counts)  # padding differs per batch
+    assert r.loss == summary.eval_loss
+
+
 def test_tp2_dp2_mesh_gives_the_one_device_number(tiny_run, trained, one_device):
     config = eval_config(trained_config(tiny_run.workdir)[0], parallel=TP2_DP2)
     r = evaluate_perplexity(trained.params, config, jax.devices()[:4])
