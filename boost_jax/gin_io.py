@@ -4,7 +4,8 @@ In: :func:`parse_gin` (files, then each ``--gin_param`` binding on its own, so a
 the file or the binding) and :func:`load_config`. Out: :func:`operative_gin`, every field's
 value as gin bindings (a run writes it to ``<workdir>/config.gin``; ``--gin_file`` on it
 reproduces the run), and :func:`describe_fields`, the table ``--print_config`` prints (name,
-type, default, meaning: taken from the dataclasses, so it cannot drift from them).
+type, default, what a resume may do with it, meaning: taken from the dataclasses, so it cannot
+drift from them).
 """
 
 from __future__ import annotations
@@ -87,12 +88,13 @@ def _type_name(hint) -> str:
                       else a.__name__ for a in args)
 
 
-def describe_fields() -> list[tuple[str, str, str, str]]:
-    """``(binding, type, default, meaning)`` of every gin-configurable field."""
+def describe_fields() -> list[tuple[str, str, str, str, str]]:
+    """``(binding, type, default, on resume, meaning)`` of every gin-configurable field; ``on
+    resume``: what resuming a checkpoint written under another value does (train/resume.py)."""
     rows = []
     for cls in GROUPS.values():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             rows.append((f"{cls.__name__}.{f.name}", _type_name(hints[f.name]), repr(f.default),
-                         f.metadata["help"]))
+                         f.metadata["resume"], f.metadata["help"]))
     return rows

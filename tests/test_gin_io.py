@@ -30,6 +30,7 @@ def test_every_field_is_described():
     rows = describe_fields()
     assert len(rows) == sum(len(dataclasses.fields(c)) for c in GROUPS.values())
     assert all(meaning.strip() for *_, meaning in rows)
+    assert {r[3] for r in rows} == {"must match", "changes the trajectory", "may change"}
     by_name = {r[0]: r for r in rows}
     assert by_name["Train.eval_batches"][1:3] == ("int", "4")
     assert by_name["Model.rank"][1:3] == ("int | None", "None")

@@ -4,10 +4,11 @@
 
 With no flags it trains the default small CoLA model on the bundled corpus. ``--print_config``
 lists every gin binding (``Model.*``, ``Parallel.*``, ``Train.*``, ``Data.*``) with its type,
-default and meaning. A run writes its operative configuration (every field's value) to
-``<workdir>/config.gin``; ``--gin_file`` on that file reproduces the run. A run in a workdir that
-already holds checkpoints resumes from the newest intact one; if all are damaged it stops with
-an error unless ``--fresh_start`` is given. Gin files are looked up as given, then in the
+default, what a resume may do with it and meaning. A run writes its operative configuration
+(every field's value) to ``<workdir>/config.gin``; ``--gin_file`` on that file reproduces the
+run. A run in a workdir that already holds checkpoints resumes from the newest intact one
+(train/checkpoint.py: a checkpoint that does not fit the config is refused, one that is damaged
+moved aside); if all are damaged it stops with an error unless ``--fresh_start`` is given. Gin files are looked up as given, then in the
 repository's ``configs/`` directory.
 
 Exit codes: 0 done, 1 diverged or a checkpoint could not be written or read (storage errors
@@ -29,7 +30,7 @@ FLAGS = flags.FLAGS
 define_gin_flags()
 flags.DEFINE_string("workdir", "runs/default", "checkpoints, metrics and logs go here")
 flags.DEFINE_bool("print_config", False, "print every gin-configurable field (binding, type, "
-                  "default, meaning) and exit")
+                  "default, what a resume may do with it, meaning) and exit")
 flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint of --workdir "
                   "is damaged (they are moved aside, never deleted); without it that is an "
                   "error")
@@ -56,10 +57,10 @@ def print_config() -> None:
     """The table ``--print_config`` prints: every field, from the config dataclasses."""
     from boost_jax.gin_io import describe_fields
 
-    rows = [("binding", "type", "default", "meaning"), *describe_fields()]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    rows = [("binding", "type", "default", "on resume", "meaning"), *describe_fields()]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3])
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])
 
 
 def main(argv) -> int:

@@ -106,10 +106,13 @@ def test_print_config_lists_every_field(capsys):
 
     code, out, _ = _train_main(capsys, "unused", [], print_config=True)
     lines = out.splitlines()
-    assert code == 0 and lines[0].split() == ["binding", "type", "default", "meaning"]
+    assert code == 0 and lines[0].split() == ["binding", "type", "default", "on", "resume",
+                                              "meaning"]
     assert len(lines) == 1 + len(describe_fields())
     (row,) = [line for line in lines if line.startswith("Train.eval_batches ")]
-    assert row.split()[1:3] == ["int", "4"] and "0: no evaluation" in row
+    assert row.split()[1:5] == ["int", "4", "may", "change"] and "0: no evaluation" in row
+    (row,) = [line for line in lines if line.startswith("Train.optimizer ")]
+    assert row.split()[3:5] == ["must", "match"]
 
 
 def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
