@@ -28,6 +28,9 @@ from boost_jax.models.presets import PRESETS
 
 ARCHS = ("dense", "svd", "cola", "lax")
 LAX_GATES = ("identity", "dense", "kronecker")
+LOWRANK_INITS = ("cola", "loro")
+#: archs whose latent activation ``Model.only_lr_act`` may let stand in for the MLP's SiLU
+LATENT_ACT_ARCHS = ("cola", "lax")
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
 RMSNORMS = ("online", "sync")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
@@ -49,6 +52,13 @@ class Model:
 
     ``rank`` sets both ``attn_rank`` (q, k, v, o) and ``mlp_rank`` (gate, up, down); unset ranks
     default to ``d_model // 4``.
+
+    The MLP is SwiGLU, ``down(silu(gate) * up)``, for ``dense`` and ``svd`` (the standard
+    low-rank LLaMA LORO trains). ``only_lr_act=True`` (CoLA's option, for ``cola`` and ``lax``
+    only) lets the SiLU of the low-rank factors stand in for it: ``down(gate * up)``.
+    ``lax`` defaults to the LaX authors' LaX-CoLA: a Kronecker gate and a LayerNorm on the
+    crossed latent of every projection; ``lax_gate='identity'`` / ``'dense'`` and
+    ``lax_latent_norm=False`` are this project's variants.
     """
 
     arch: str = _field("cola", "projections: dense | svd (B A x) | cola (B silu(A x)) | lax "
@@ -69,11 +79,17 @@ class Model:
                                     "the preset's)", MATCH)
     tie_embeddings: bool | None = _field(None, "share the input embedding with the output head "
                                          "(None: the preset's)", MATCH)
-    only_lr_act: bool | None = _field(None, "CoLA MLP: True = down(gate * up), False = "
-                                      "down(silu(gate) * up) (None: the preset's)", MATCH)
-    lax_gate: str = _field("identity", "LaX latent-crossing gate: " + " | ".join(LAX_GATES), MATCH)
-    lax_latent_norm: bool = _field(False, "LaX: LayerNorm over the r-wide latent after "
-                                   "crossing", MATCH)
+    only_lr_act: bool | None = _field(None, "cola/lax MLP: True = down(gate * up), False = "
+                                      "down(silu(gate) * up) (None: the preset's); dense and "
+                                      "svd: always down(silu(gate) * up) (None: False)", MATCH)
+    lax_gate: str = _field("kronecker", "LaX latent-crossing gate: kronecker (the LaX "
+                           "authors') | identity | dense (this project's variants)", MATCH)
+    lax_latent_norm: bool = _field(True, "LaX: LayerNorm over the r-wide latent after "
+                                   "crossing (the LaX authors'; False: this project's "
+                                   "variant)", MATCH)
+    lowrank_init: str = _field("cola", "init of the low-rank factors: cola (CoLA's std "
+                               "(d_in+d_out)^-1/4 r^-1/4 on both) | loro (LORO's Xavier normal, "
+                               "std sqrt(2/(d_in+r)) and sqrt(2/(r+d_out)))", FREE)
     rope_theta: float = _field(10000.0, "RoPE base frequency", MATCH)
     norm_eps: float = _field(1e-6, "RMSNorm epsilon", MATCH)
     init_std: float = _field(0.02, "initial std of embeddings and dense projections", FREE)
@@ -85,6 +101,12 @@ class Model:
                f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)} "
                "or 'custom' (every dimension set explicitly)")
         preset = {"only_lr_act": True, "tie_embeddings": False, **PRESETS.get(self.size, {})}
+        if self.arch not in LATENT_ACT_ARCHS:  # no latent activation to stand in for the SiLU
+            _check(self.arch != "svd" or not self.only_lr_act,
+                   "Model.only_lr_act=True needs a latent activation to replace the MLP's SiLU "
+                   "(cola, lax); Model.arch='svd' has none, so its MLP is always "
+                   "down(silu(gate) * up): leave Model.only_lr_act unset")
+            preset["only_lr_act"] = False
         for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
                       "only_lr_act", "rank"):
             if getattr(self, field) is None and field in preset:
@@ -113,6 +135,8 @@ class Model:
                        + (" (set by Model.rank)" if self.rank is not None else ""))
         _check(self.lax_gate in LAX_GATES,
                f"Model.lax_gate={self.lax_gate!r} is not one of {', '.join(LAX_GATES)}")
+        _check(self.lowrank_init in LOWRANK_INITS, f"Model.lowrank_init={self.lowrank_init!r} "
+               f"is not one of {', '.join(LOWRANK_INITS)}")
 
     @property
     def head_dim(self) -> int:
@@ -125,6 +149,11 @@ class Model:
     @property
     def is_lowrank(self) -> bool:
         return self.arch != "dense"
+
+    @property
+    def bilinear_mlp(self) -> bool:
+        """The MLP is ``down(gate * up)``: the latent SiLU replaces the gate's (only_lr_act)."""
+        return self.arch in LATENT_ACT_ARCHS and bool(self.only_lr_act)
 
 
 @gin.configurable

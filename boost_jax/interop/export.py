@@ -15,11 +15,9 @@ format      arch                 directory
                                  latent norm (interop/layouts.py)
 ==========  ===================  =========================================================
 
-An svd model trained with ``only_lr_act=True`` has the MLP ``down(gate * up)``, without the
-SiLU; its ``hf`` export says ``hidden_act: "linear"`` (transformers' identity activation),
-which ``LlamaForCausalLM`` runs exactly (runtimes that hard-wire SiLU do not). cola and lax
-have a SiLU between the factors, which no ``LlamaForCausalLM`` can express: ``--format=hf``
-refuses them.
+An svd model has LLaMA's SwiGLU MLP, so its ``hf`` export is a plain ``LlamaForCausalLM``
+(``hidden_act: "silu"``). cola and lax have a SiLU between the factors, which no
+``LlamaForCausalLM`` can express: ``--format=hf`` refuses them.
 
 Every directory also holds ``config.json`` (a ``LlamaConfig`` plus the layout's fields),
 ``generation_config.json`` (bos/eos) and the tokenizer: ``tokenizer.json`` +
@@ -100,10 +98,9 @@ def config_json(cfg: Model, layout: str, max_positions: int = 2048,
     ids = dict(max_positions=max_positions, bos_id=bos_id, eos_id=eos_id)
     if layout == "cola":
         return cola.cola_config(cfg, **ids)
-    bilinear = cfg.is_lowrank and cfg.only_lr_act  # MLP down(gate * up): no SiLU on the gate
-    if layout == "llama":
+    if layout == "llama":  # dense or svd: SwiGLU
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                **llama_fields(cfg, "linear" if bilinear else "silu", **ids)}
+                **llama_fields(cfg, "silu", **ids)}
     ranks = {"attn_rank": cfg.attn_rank, "mlp_rank": cfg.mlp_rank,
              "only_lr_act": cfg.only_lr_act}
     if layout == "svd_factored":
@@ -227,7 +224,8 @@ def load_export(directory: str | Path) -> tuple[Model, dict]:
     """Read an exported directory back: ``(cfg, params)`` in the canonical layout.
 
     Handles every layout :func:`export_model` writes: ``llama`` (a dense model; an svd model
-    multiplied out comes back dense, ``hidden_act='linear'`` is refused), ``boost_svd``,
+    multiplied out comes back dense; ``hidden_act='linear'``, the bilinear MLP svd had before
+    it kept SwiGLU, is refused), ``boost_svd``,
     ``cola`` (any CoLA checkpoint, :func:`~boost_jax.interop.cola.import_cola`) and
     ``boost_lax``. No torch needed."""
     directory = Path(directory)
@@ -240,9 +238,9 @@ def load_export(directory: str | Path) -> tuple[Model, dict]:
     ranks = {k: fields[k] for k in ("attn_rank", "mlp_rank", "only_lr_act") if k in fields}
     if kind == "llama":
         if fields.get("hidden_act") == "linear":
-            raise ConfigError(f"{directory}: hidden_act='linear' (an svd model with "
-                              "only_lr_act=True, multiplied out) has no dense boost_jax "
-                              "equivalent; export it with --keep_factors to read it back")
+            raise ConfigError(f"{directory}: hidden_act='linear' (the bilinear MLP of an svd "
+                              "model exported before svd kept LLaMA's SwiGLU) has no boost_jax "
+                              "equivalent")
         cfg, layout = model_from_fields(fields), "llama"
     elif kind == SVD_MODEL_TYPE:
         cfg, layout = model_from_fields(fields, arch="svd", **ranks), "svd_factored"

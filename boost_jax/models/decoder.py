@@ -31,9 +31,10 @@ class Block(nnx.Module):
     def __init__(self, cfg: Model):
         d = cfg.d_model
         self.eps, self.theta, self.head_dim = cfg.norm_eps, cfg.rope_theta, cfg.head_dim
-        # CoLA's only_lr_act=True drops the SiLU on the full-width gate
-        self.silu_gate = not (cfg.is_lowrank and cfg.only_lr_act)
-        kw = dict(init_std=cfg.init_std, lax_gate=cfg.lax_gate, lax_norm=cfg.lax_latent_norm)
+        # CoLA's only_lr_act=True drops the SiLU on the full-width gate (cola, lax only)
+        self.silu_gate = not cfg.bilinear_mlp
+        kw = dict(init_std=cfg.init_std, lax_gate=cfg.lax_gate, lax_norm=cfg.lax_latent_norm,
+                  init=cfg.lowrank_init)
         self.attn_norm = param((d,), Init("ones"), ("embed",))
         self.qkv = Fanout(cfg.arch, d, (("q", 1, d, "q_heads"), ("kv", 2, cfg.d_kv, "kv_heads")),
                           cfg.attn_rank, **kw)

@@ -14,8 +14,13 @@ Where a projection's GEMMs sit relative to collectives is the plan's business: t
 hands each local matrix product to ``plan.norm_down`` / ``plan.down`` / ``plan.up``.
 
 LaX adds to each projection's pre-activation latent the post-activation latent
-of the same projection in the previous block, through a gate (identity, dense r x r with bias,
-or Kronecker-factored), optionally followed by an r-dim LayerNorm; block 0 has no crossing.
+of the same projection in the previous block, through a gate, then LayerNorms the sum over its
+r dims (eps 1e-6, affine); block 0 has no crossing. This follows the authors' ``TensorizedLinear``
+(K1seki221/Latent_Crossing ``vits_pretraining/timm/models/lax_vit.py``: the forward at
+303-318, the Kronecker gate at 200-205 and 269-277, the norm at 187) with their LaX-CoLA
+config (``vits_pretraining/config/Lax_CoLA_vit_base_16_224.yaml:29-59``: crossing, gate and
+Kronecker gate at all six ViT projections). The identity and dense r x r gates and the crossing
+without norm are this project's variants.
 """
 
 from __future__ import annotations
@@ -39,6 +44,19 @@ def cola_std(d_in: int, d_out: int, rank: int) -> float:
     return (d_in + d_out) ** -0.25 * rank ** -0.25
 
 
+def factor_stds(init: str, d_in: int, d_out: int, rank: int) -> tuple[float, float]:
+    """Init std of ``(A [d_in, r], B [r, d_out])`` (``Model.lowrank_init``; normal draws).
+
+    ``cola``: :func:`cola_std` for both. ``loro``: Xavier normal on each factor,
+    ``sqrt(2 / (fan_in + fan_out))`` -- LORO's default ``xavier`` init
+    (mzf666/LORO-main ``loro_torch/lowrank_module.py:40-42``, ``run_c4.py:139-143``).
+    """
+    if init == "loro":
+        return math.sqrt(2 / (d_in + rank)), math.sqrt(2 / (rank + d_out))
+    std = cola_std(d_in, d_out, rank)
+    return std, std
+
+
 def balanced_factors(n: int) -> tuple[int, int]:
     """``(a, b)`` with ``a * b == n``, ``a <= b`` and ``b - a`` minimal."""
     a = max(i for i in range(1, math.isqrt(n) + 1) if n % i == 0)
@@ -56,6 +74,8 @@ def latent_act(arch: str, z: jax.Array) -> jax.Array:
 class Crossing(nnx.Module):
     """LaX latent crossing for ``members`` projections (``None``: no member axis).
 
+    ``LayerNorm(z + gate(prev))`` with the Kronecker gate ``dec^T H enc`` (``H`` the latent
+    reshaped row-major to ``[a, b]``, ``a * b = r``, ``a <= b`` closest) as the LaX authors'.
     Latents are ``[b, s, (members,) r]``; every parameter has a leading member axis when
     ``members`` is set.
     """
@@ -126,10 +146,11 @@ class Fanout(nnx.Module, _LowRankLatent):
       rank: latent width r (ignored for dense).
       init_std: std of dense weights.
       lax_gate, lax_norm: LaX options.
+      init: ``Model.lowrank_init`` (:func:`factor_stds`).
     """
 
     def __init__(self, arch: str, d_in: int, outs: tuple, rank: int, init_std: float,
-                 lax_gate: str = "identity", lax_norm: bool = False):
+                 lax_gate: str = "kronecker", lax_norm: bool = True, init: str = "cola"):
         self.arch, self.outs, self.rank = arch, tuple(outs), rank
         self.members = sum(m for _, m, _, _ in outs)
         if arch == "dense":
@@ -137,12 +158,12 @@ class Fanout(nnx.Module, _LowRankLatent):
                 setattr(self, f"w_{name}",
                         param((d_in, m, d_out), Init("normal", init_std), ("embed", None, axis)))
             return
-        stds = tuple(cola_std(d_in, d_out, rank) for _, m, d_out, _ in outs for _ in range(m))
-        self.a = param((d_in, self.members, rank), Init("normal", stds, scale_axis=1),
+        stds = {name: factor_stds(init, d_in, d_out, rank) for name, _, d_out, _ in outs}
+        a_stds = tuple(stds[name][0] for name, m, _, _ in outs for _ in range(m))
+        self.a = param((d_in, self.members, rank), Init("normal", a_stds, scale_axis=1),
                        ("embed", None, "rank"))
         for name, m, d_out, axis in outs:
-            setattr(self, f"b_{name}", param((m, rank, d_out),
-                                             Init("normal", cola_std(d_in, d_out, rank)),
+            setattr(self, f"b_{name}", param((m, rank, d_out), Init("normal", stds[name][1]),
                                              (None, "rank", axis)))
         if arch == "lax":
             self.crossing = Crossing(rank, self.members, lax_gate, lax_norm)
@@ -200,18 +221,19 @@ class Single(nnx.Module, _LowRankLatent):
     Args:
       arch: dense | svd | cola | lax.
       d_in, d_out: widths; ``in_axis`` is the logical axis of the input (q_heads or mlp).
-      rank, init_std, lax_gate, lax_norm: as for :class:`Fanout`.
+      rank, init_std, lax_gate, lax_norm, init: as for :class:`Fanout`.
     """
 
     def __init__(self, arch: str, d_in: int, d_out: int, in_axis: str, rank: int,
-                 init_std: float, lax_gate: str = "identity", lax_norm: bool = False):
+                 init_std: float, lax_gate: str = "kronecker", lax_norm: bool = True,
+                 init: str = "cola"):
         self.arch, self.rank = arch, rank
         if arch == "dense":
             self.w = param((d_in, d_out), Init("normal", init_std), (in_axis, "embed"))
             return
-        std = cola_std(d_in, d_out, rank)
-        self.a = param((d_in, rank), Init("normal", std), (in_axis, "rank"))
-        self.b = param((rank, d_out), Init("normal", std), ("rank", "embed"))
+        a_std, b_std = factor_stds(init, d_in, d_out, rank)
+        self.a = param((d_in, rank), Init("normal", a_std), (in_axis, "rank"))
+        self.b = param((rank, d_out), Init("normal", b_std), ("rank", "embed"))
         if arch == "lax":
             self.crossing = Crossing(rank, None, lax_gate, lax_norm)
 

@@ -218,19 +218,20 @@ def test_hf_import_export_round_trip(tmp_path, overrides):
     assert rel_err(got, _torch_logits(source)) <= 1e-5
 
 
-@pytest.mark.parametrize("only_lr_act", [pytest.param(False, marks=pytest.mark.slow), True],
-                         ids=["silu_gate", "bilinear"])
-def test_svd_multiplied_out_logits(tmp_path, only_lr_act):
+def test_svd_multiplied_out_logits(tmp_path):
+    """svd keeps LLaMA's SwiGLU: multiplied out, it is a plain LlamaForCausalLM. An export of
+    the bilinear MLP svd once had (``hidden_act: "linear"``) is refused on reading."""
     pytest.importorskip("torch")
-    cfg = tiny("svd", only_lr_act=only_lr_act)
+    cfg = tiny("svd")
     params = random_params(cfg)
     export_model(cfg, params, tmp_path / "out")
     model = _llama(tmp_path / "out")
-    assert model.config.hidden_act == ("linear" if only_lr_act else "silu")
+    assert model.config.hidden_act == "silu"
     assert rel_err(_torch_logits(model), logits(cfg, params)) <= 1e-5
-    if only_lr_act:
-        with pytest.raises(ConfigError, match="keep_factors"):
-            load_export(tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    (tmp_path / "out" / "config.json").write_text(json.dumps({**config, "hidden_act": "linear"}))
+    with pytest.raises(ConfigError, match="bilinear MLP"):
+        load_export(tmp_path / "out")
 
 
 @pytest.mark.parametrize("only_lr_act, tied", [

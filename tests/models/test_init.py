@@ -1,4 +1,4 @@
-"""Initialisation: derived from (seed, path), identical on any mesh, CoLA's std."""
+"""Initialisation: derived from (seed, path), identical on any mesh, CoLA's and LORO's std."""
 
 import jax
 import numpy as np
@@ -6,6 +6,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from boost_jax.config import Model
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import flatten, init_params
 from boost_jax.models.projections import cola_std
@@ -60,3 +61,28 @@ def test_cola_init_statistics():
                                                              rel=0.02)
     assert p[("embed",)].std() == pytest.approx(0.02, rel=0.02)
     np.testing.assert_array_equal(p[("blocks", "attn_norm")], 1.0)
+
+
+def test_loro_init_statistics():
+    """``lowrank_init='loro'``: LORO's default ``xavier`` init (mzf666/LORO-main
+    ``loro_torch/lowrank_module.py:16-23, 40-42``): every factor normal with std
+    ``sqrt(2 / (n_in + n_out))`` of its own shape, ``weight_in [in, r]`` (our A) and
+    ``weight_out [out, r]`` (our B transposed); GQA makes k/v's B differ from q's."""
+    cfg = Model(arch="svd", size="small", n_kv_heads=2, lowrank_init="loro")
+    p = flatten(jax.device_get(init_params(abstract_model(cfg)[1], seed=0)))
+    d, dkv, dff, r = cfg.d_model, cfg.d_kv, cfg.d_ff, cfg.attn_rank
+
+    def xavier(n_in, n_out):
+        return np.sqrt(2 / (n_in + n_out))
+
+    want = {("qkv", "a"): xavier(d, r), ("qkv", "b_q"): xavier(r, d),
+            ("qkv", "b_kv"): xavier(r, dkv), ("o", "a"): xavier(d, r), ("o", "b"): xavier(r, d),
+            ("gate_up", "a"): xavier(d, r), ("gate_up", "b_gu"): xavier(r, dff),
+            ("down", "a"): xavier(dff, r), ("down", "b"): xavier(r, d)}
+    for (module, name), std in want.items():
+        x = p[("blocks", module, name)]
+        assert abs(x.mean()) < 0.02 * std, (module, name)
+        assert x.std() == pytest.approx(std, rel=0.015), (module, name)
+        # normal, not uniform: 68.3 % within one std (a uniform of this std has 57.7 %)
+        assert np.mean(np.abs(x) < std) == pytest.approx(0.6827, abs=0.01), (module, name)
+    assert Model(arch="svd").lowrank_init == "cola"

@@ -93,7 +93,7 @@ def numpy_logits(cfg, params, tokens):
         else:
             a, bgu = B["gate_up"]["a"], B["gate_up"]["b_gu"]
             g, u = (proj("gate_up", x, a[:, i], bgu[i], i) for i in range(2))
-        silu_gate = cfg.arch == "dense" or not cfg.only_lr_act
+        silu_gate = not (cfg.arch in ("cola", "lax") and cfg.only_lr_act)  # svd: SwiGLU
         m = (_silu(g) if silu_gate else g) * u
         h = h + (m @ B["down"]["w"] if cfg.arch == "dense"
                  else proj("down", m, B["down"]["a"], B["down"]["b"]))
@@ -106,9 +106,10 @@ CASES = [
     ("svd", {}),
     ("cola", dict(only_lr_act=True)),
     ("cola", dict(only_lr_act=False, tie_embeddings=True)),
-    ("lax", dict(lax_gate="identity")),
+    ("lax", {}),  # the authors' LaX-CoLA: Kronecker gate + latent norm
+    ("lax", dict(lax_gate="identity", lax_latent_norm=False)),
     ("lax", dict(lax_gate="dense", lax_latent_norm=True)),
-    ("lax", dict(lax_gate="kronecker", n_layers=3)),
+    ("lax", dict(lax_gate="kronecker", lax_latent_norm=False, n_layers=3)),
 ]
 
 

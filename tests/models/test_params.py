@@ -31,7 +31,7 @@ def _expected(m: Model) -> int:
 @pytest.mark.parametrize("arch, extra", [
     ("dense", {}), ("svd", {}), ("cola", {}), ("lax", {}),
     ("lax", dict(lax_gate="dense", lax_latent_norm=True)),
-    ("lax", dict(lax_gate="kronecker")),
+    ("lax", dict(lax_gate="identity", lax_latent_norm=False)),
     ("cola", dict(tie_embeddings=True, attn_rank=8, mlp_rank=24)),
 ])
 def test_count_matches_formula(arch, extra):

@@ -26,8 +26,10 @@ class VanillaPlan(VocabParallelPlan):
         if model.arch == "lax" and (model.lax_gate != "identity" or model.lax_latent_norm):
             raise ConfigError("Parallel.tp_plan='vanilla' splits latents on the rank, so LaX's "
                               f"Model.lax_gate={model.lax_gate!r} / lax_latent_norm="
-                              f"{model.lax_latent_norm} would need the whole latent; use the "
-                              "identity gate without latent norm, or tp_plan='btp'")
+                              f"{model.lax_latent_norm} (the defaults are the authors' "
+                              "kronecker / True) would need the whole latent; use "
+                              "tp_plan='btp', or this project's variant "
+                              "Model.lax_gate='identity', Model.lax_latent_norm=False")
 
     def divisible(self, model: Model):
         return [("Model.attn_rank", model.attn_rank), ("Model.mlp_rank", model.mlp_rank),
