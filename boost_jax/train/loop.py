@@ -35,6 +35,7 @@ from absl import logging
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
 from boost_jax.config import Config, ConfigError, Train
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
+from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
@@ -173,6 +174,7 @@ class _Run:
                                        config.data.worker_count)
         self.evals = [self.global_batch(b) for b in
                       eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)]
+        self.eval_split = eval_split_label(dataset.meta)
         self.lead = jax.process_index() == 0
         self.sampler = Sampler(t, dataset.path) if t.sample_every else None
         if self.lead:
@@ -229,6 +231,8 @@ class _Run:
         self.eval_fn = make_eval_step(self.model)
         say(f"training steps {start + 1}..{t.steps} of {tokens:,} tokens on a "
             f"{' x '.join(f'{k}={v}' for k, v in mesh.shape.items())} mesh of {kind}")
+        if self.evals:
+            say(f"evaluating {len(self.evals)} batch(es) of the eval split: {self.eval_split}")
         flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
         self.report = _Reporter(self.writer, t, tokens, flops,
                                 peak_flops(kind, t.dtype, t.peak_tflops))
