@@ -29,8 +29,7 @@ from boost_jax.models.presets import PRESETS
 ARCHS = ("dense", "svd", "cola", "lax")
 LAX_GATES = ("identity", "dense", "kronecker")
 LOWRANK_INITS = ("cola", "loro")
-#: archs whose latent activation ``Model.only_lr_act`` may let stand in for the MLP's SiLU
-LATENT_ACT_ARCHS = ("cola", "lax")
+LATENT_ACT_ARCHS = ("cola", "lax")  # a latent SiLU that only_lr_act lets replace the MLP's
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
 RMSNORMS = ("online", "sync")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
@@ -53,12 +52,9 @@ class Model:
     ``rank`` sets both ``attn_rank`` (q, k, v, o) and ``mlp_rank`` (gate, up, down); unset ranks
     default to ``d_model // 4``.
 
-    The MLP is SwiGLU, ``down(silu(gate) * up)``, for ``dense`` and ``svd`` (the standard
-    low-rank LLaMA LORO trains). ``only_lr_act=True`` (CoLA's option, for ``cola`` and ``lax``
-    only) lets the SiLU of the low-rank factors stand in for it: ``down(gate * up)``.
-    ``lax`` defaults to the LaX authors' LaX-CoLA: a Kronecker gate and a LayerNorm on the
-    crossed latent of every projection; ``lax_gate='identity'`` / ``'dense'`` and
-    ``lax_latent_norm=False`` are this project's variants.
+    The MLP is SwiGLU for ``dense`` and ``svd`` (LORO's low-rank LLaMA); ``only_lr_act`` (CoLA's)
+    lets cola's and lax's latent SiLU replace it. ``lax`` defaults to the authors' LaX-CoLA
+    (Kronecker gate, latent LayerNorm); the identity/dense gates and no norm are this project's.
     """
 
     arch: str = _field("cola", "projections: dense | svd (B A x) | cola (B silu(A x)) | lax "
@@ -80,13 +76,12 @@ class Model:
     tie_embeddings: bool | None = _field(None, "share the input embedding with the output head "
                                          "(None: the preset's)", MATCH)
     only_lr_act: bool | None = _field(None, "cola/lax MLP: True = down(gate * up), False = "
-                                      "down(silu(gate) * up) (None: the preset's); dense and "
-                                      "svd: always down(silu(gate) * up) (None: False)", MATCH)
+                                      "down(silu(gate) * up) (None: the preset's); dense, svd: "
+                                      "always the latter (None: False; svd refuses True)", MATCH)
     lax_gate: str = _field("kronecker", "LaX latent-crossing gate: kronecker (the LaX "
                            "authors') | identity | dense (this project's variants)", MATCH)
-    lax_latent_norm: bool = _field(True, "LaX: LayerNorm over the r-wide latent after "
-                                   "crossing (the LaX authors'; False: this project's "
-                                   "variant)", MATCH)
+    lax_latent_norm: bool = _field(True, "LaX: LayerNorm over the r-wide latent after crossing "
+                                   "(the authors'; False: this project's variant)", MATCH)
     lowrank_init: str = _field("cola", "init of the low-rank factors: cola (CoLA's std "
                                "(d_in+d_out)^-1/4 r^-1/4 on both) | loro (LORO's Xavier normal, "
                                "std sqrt(2/(d_in+r)) and sqrt(2/(r+d_out)))", FREE)
@@ -102,10 +97,9 @@ class Model:
                "or 'custom' (every dimension set explicitly)")
         preset = {"only_lr_act": True, "tie_embeddings": False, **PRESETS.get(self.size, {})}
         if self.arch not in LATENT_ACT_ARCHS:  # no latent activation to stand in for the SiLU
-            _check(self.arch != "svd" or not self.only_lr_act,
-                   "Model.only_lr_act=True needs a latent activation to replace the MLP's SiLU "
-                   "(cola, lax); Model.arch='svd' has none, so its MLP is always "
-                   "down(silu(gate) * up): leave Model.only_lr_act unset")
+            _check(self.arch != "svd" or not self.only_lr_act, "Model.only_lr_act=True needs "
+                   "a latent activation to replace the MLP's SiLU (cola, lax); Model.arch='svd' "
+                   "has none, so its MLP is always down(silu(gate) * up): leave it unset")
             preset["only_lr_act"] = False
         for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
                       "only_lr_act", "rank"):

@@ -182,12 +182,13 @@ def lowrank_from_dense(cfg: Model, params: dict, arch: str = "svd", rank: int | 
       ``gate_up/a [L, d, 2, r_m]``, ``gate_up/b_gu [L, 2, r_m, d_ff]``,
       ``down/a [L, d_ff, r_m]``, ``down/b [L, r_m, d]``; norms, embedding and head are copied.
 
-    The new config sets ``only_lr_act=False`` so the MLP keeps the SiLU on the gate, as in the
-    dense model. For ``svd`` the result then computes exactly the dense model with each
-    projection replaced by its best rank-r approximation. For ``cola`` a SiLU sits between the
-    factors, so the factorisation is only an initialisation, not an equivalent model. A rank
-    larger than a projection's smaller side (e.g. ``d_kv`` under GQA) is met by zero-padding
-    the factors: exact, but those latent directions start dead (zero gradient).
+    The MLP keeps the SiLU on the gate, as in the dense model (svd always does; for cola the
+    new config sets ``only_lr_act=False``). For ``svd`` the result computes exactly the dense
+    model with each projection replaced by its best rank-r approximation. For ``cola`` a SiLU
+    sits between the factors, so the factorisation is only an initialisation, not an
+    equivalent model. A rank larger than a projection's smaller side (e.g. ``d_kv`` under GQA)
+    is met by zero-padding the factors: exact, but those latent directions start dead (zero
+    gradient).
     """
     if cfg.arch != "dense":
         raise ConfigError(f"lowrank_from_dense needs a dense model, got Model.arch={cfg.arch!r}")
