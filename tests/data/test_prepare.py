@@ -185,7 +185,7 @@ def test_the_c4_recipe_through_the_command(c4_like, tmp_path, capsys, caplog):
     of an unfinished run is refused."""
     import logging
 
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="absl")  # absl's level may be left at WARNING
     out = tmp_path / "out"
     args = [f"--input={c4_like.root}", f"--pattern={c4_like.PATTERN}",
             f"--eval_input={c4_like.root}", f"--eval_pattern={c4_like.EVAL_PATTERN}",
