@@ -8,8 +8,8 @@ default, what a resume may do with it and meaning. A run writes its operative co
 (every field's value) to ``<workdir>/config.gin``; ``--gin_file`` on that file reproduces the
 run. A run in a workdir that already holds checkpoints resumes from the newest intact one
 (train/checkpoint.py: a checkpoint that does not fit the config is refused, one that is damaged
-moved aside); if all are damaged it stops with an error unless ``--fresh_start`` is given. Gin files are looked up as given, then in the
-repository's ``configs/`` directory.
+moved aside); if all are damaged it stops with an error unless ``--fresh_start`` is given.
+Gin files are looked up as given, then in the repository's ``configs/`` directory.
 
 Exit codes: 0 done, 1 diverged or a checkpoint could not be written or read (storage errors
 that outlasted the retries), 2 bad input, including checkpoints that do not fit the config
