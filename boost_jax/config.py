@@ -38,6 +38,7 @@ DTYPES = ("float32", "bfloat16")
 PACKINGS = ("concat", "document")
 NONFINITE = ("stop", "skip")
 OPTIMIZERS = ("adamw", "loro")
+LORO_REGULARS = ("authors", "adamw")
 ATTENTIONS = ("auto", "xla", "cudnn")
 KERNELS = ("auto", "triton", "xla")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
@@ -284,9 +285,18 @@ class Train:
                             "one) | skip (go on, up to max_skips in a row)", FREE)
     max_skips: int = _field(10, "nonfinite='skip': most steps skipped in a row", FREE)
     optimizer: str = _field("adamw", "adamw | loro (low-rank Riemannian steps on the svd "
-                            "factors, AdamW on the rest)", MATCH)
+                            "factors, loro_regular's rule on the rest)", MATCH)
     loro_exact_every: int = _field(500, "loro: steps between exact Riemannian steps (the "
                                    "paper's K)", NOTE)
+    loro_regular: str = _field("authors", "loro: rule of the non-factor parameters (embeddings, "
+                               "norms, head): authors (LOROAdamW's regular group: eps 1e-6 on "
+                               "sqrt of the uncorrected v, bias correction in the step size, "
+                               "decay lr*wd on all of them) | adamw (optax AdamW, eps 1e-8, "
+                               "norms not decayed)", NOTE)
+    loro_lr_scaler: float = _field(-1.0, "loro: factor of the approximate step's direction; "
+                                   "negative: rank/d_model (the authors' runs)", NOTE)
+    loro_reset_moments: bool = _field(True, "loro: zero every Adam moment and count after each "
+                                      "exact step (the authors' runs: --loro_refresh all)", NOTE)
     sample_every: int | None = _field(None, "steps between greedy samples from "
                                       "sample_prompts, logged to metrics and TensorBoard "
                                       "(None: never)", FREE)
@@ -301,6 +311,10 @@ class Train:
         _check(self.max_skips >= 0, f"Train.max_skips={self.max_skips} must be >= 0")
         _check(self.optimizer in OPTIMIZERS,
                f"Train.optimizer={self.optimizer!r} must be one of {', '.join(OPTIMIZERS)}")
+        _check(self.loro_regular in LORO_REGULARS, f"Train.loro_regular={self.loro_regular!r} "
+               f"must be one of {', '.join(LORO_REGULARS)}")
+        _check(self.loro_lr_scaler != 0, "Train.loro_lr_scaler=0 would freeze the factors' "
+               "approximate steps; use a positive factor or -1 (rank/d_model)")
         _check(self.sample_every is None or self.sample_every > 0,
                f"Train.sample_every={self.sample_every} must be a positive integer or None")
         _check(bool(self.sample_prompts) and all(self.sample_prompts),

@@ -4,23 +4,30 @@ Pretraining via Low-rank Riemannian Optimization", ICLR 2025), as one optax
 on each device's shards.
 
 Source of every formula below: the authors' implementation, github.com/mzf666/LORO-main
-(``loro_torch/loro_optim.py``: ``LOROAdamW``, ``loro_type='loro'``; ``run_c4.py`` and
-``scripts/loro_c4/*.sh``: the exact-step cadence, the state refresh, the learning-rate scaler
-and restart warm-up), written here in this repository's ``x @ W`` orientation: a projection is
-``W = A B`` with ``A [n_in, r]``, ``B [r, n_out]`` (their ``N = A``, ``M = B^T``).
+at ``4da57b6`` (``loro_torch/loro_optim.py``: ``LOROAdamW``, ``loro_type='loro'``; ``run_c4.py``
+and ``scripts/loro_c4/*.sh``: the exact-step cadence, the state refresh, the learning-rate
+scaler and restart warm-up), written here in this repository's ``x @ W`` orientation: a
+projection is ``W = A B`` with ``A [n_in, r]``, ``B [r, n_out]`` (their ``N = A``, ``M = B^T``).
 
-Moments (every parameter, AdamW's betas): ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2)
-g^2``; ``t`` counts updates since the last refresh. For a factor ``X`` in ``{A, B}`` LORO steps
-along ``D_X = m / (sqrt(v) + eps)`` (``eps`` = :data:`LORO_EPS`) with the bias-corrected step
-``eta = lr * sqrt(1 - b2^t) / (1 - b1^t)``.
+Moments, refresh, restart warm-up and the rule of every other parameter: train/loro_adam.py.
+For a factor ``X`` in ``{A, B}`` LORO steps along ``D_X = m / (sqrt(v) + 1e-6)``
+(``loro_optim.py:280-285``) with the bias-corrected step ``eta = lr * sqrt(1 - b2^t) / (1 -
+b1^t)`` (``:287-291``, ``t``: updates since the last refresh).
 
-*Approximate step* (their lazy update, the paper's eq. 12), every step but the exact ones::
+*Approximate step* (their lazy update, the paper's eq. 12; ``loro_optim.py:56-66``), every step
+but the exact ones::
 
-    X <- X - eta * s * D_X;   X <- X - eta * wd * X        s = r / d_model (lr_scaler -1)
+    X <- X - eta * s * D_X;   X <- X - eta * wd * X
 
-*Exact step* (the paper's eq. 10), at updates ``k`` with ``(k + 1) % K == 0``
-(``Train.loro_exact_every``): the Riemannian step on the rank-r manifold along the tangent
-projection of the gradient the directions imply, then a balanced rank-r retraction::
+``s`` = ``Train.loro_lr_scaler``; a negative one (the default, -1, as every
+``scripts/loro_c4/*.sh`` passes) means ``r / d_model`` (``loro_optim.py:293-297``:
+``min(X.shape) / hidden_size``; the ``--loro_lr_scaler`` flag itself defaults to 1.0,
+``run_c4.py:150-155``). It scales the direction only, never the decay or the exact step.
+
+*Exact step* (the paper's eq. 10; ``loro_optim.py:68-126``), at updates ``k`` with ``(k + 1) %
+K == 0`` (``Train.loro_exact_every``, ``run_c4.py:764``): the Riemannian step on the rank-r
+manifold along the tangent projection of the gradient the directions imply, then a balanced
+rank-r retraction::
 
     B^T = U Rm,  A = V Rn                                    QR of both factors
     K0 = Rm^-T D_A^T V                        [r, r]
@@ -34,18 +41,16 @@ Gram-Schmidt: ``[A, D_A] = [V, Q1] [[Rn, X], [0, Z]]`` gives ``K0 = Rm^-T X^T`` 
 Rm^-1``), likewise ``[U, Q2]`` of ``[B^T, D_B^T]`` (``K2 = Z' Rn^-1``), so the step is two
 QRs of ``2r``-column blocks per pair, done by the distributed shifted CholeskyQR3 of
 parallel/loro_qr.py. Singular vectors are signed so that each column of ``Us`` has its
-largest entry positive. After the exact step every moment (factors and the AdamW parameters)
-is reset and ``t`` restarts (their ``--loro_refresh all --loro_refresh_freq K``); the learning
-rate then warms up again over :data:`RESTART_WARMUP` steps from ``RESTART_EPS x`` its value
-(their ``cosine_restart`` schedule).
+largest entry positive (theirs are unsigned: a gauge that leaves ``A B`` unchanged). After the
+exact step every moment is reset and ``t`` restarts unless ``Train.loro_reset_moments=False``;
+the learning rate then warms up again (train/loro_adam.py).
 
-Every other parameter (embeddings, norms, head) gets the masked AdamW of train/optim.py, whose
-moments LORO shares. Sharding: under ``btp`` each factor is split on its full dim, so the QRs
-take three all-reduces (one per CholeskyQR pass, every pair's Gram triangles in one):
-``r (2r + 1)`` elements per factor each, ``6 r^2 + 3 r`` per factor per exact step, nothing
-``n``-sized. Under ``vanilla`` (rank split) the exact step all-gathers ``A, D_A, B, D_B``
-over ``tensor`` (``2 (n_in + n_out) r`` elements per pair) and runs replicated. The
-approximate step is elementwise, with no collective.
+Sharding: under ``btp`` each factor is split on its full dim, so the QRs take three all-reduces
+(one per CholeskyQR pass, every pair's Gram triangles in one): ``r (2r + 1)`` elements per
+factor each, ``6 r^2 + 3 r`` per factor per exact step, nothing ``n``-sized. Under ``vanilla``
+(rank split) the exact step all-gathers ``A, D_A, B, D_B`` over ``tensor`` (``2 (n_in + n_out)
+r`` elements per pair) and runs replicated. The approximate step is elementwise, with no
+collective.
 """
 
 from __future__ import annotations
@@ -71,19 +76,19 @@ from boost_jax.parallel.loro_qr import (
     local_rank,
     matrixwise,
 )
-from boost_jax.train.optim import Optimizer, decay_mask, lr_schedule
+from boost_jax.train.loro_adam import (
+    LORO_EPS,
+    adam_state,
+    authors_regular,
+    moments,
+    refresh,
+    restart_schedule,
+)
+from boost_jax.train.optim import Optimizer, lr_schedule
 
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel
 
-#: LOROAdamW's default eps (loro_optim.py), used for the factors' directions
-LORO_EPS = 1e-6
-#: AdamW's eps for the other parameters (train/optim.py)
-ADAMW_EPS = 1e-8
-#: run_c4.py --cosine_restart_warmup default: steps of learning-rate warm-up after a refresh
-RESTART_WARMUP = 5
-#: training_utils.py: the restart warm-up starts from this fraction of the learning rate
-RESTART_EPS = 1e-6
 #: the svd factor pairs under ``blocks``: (projection, A's member range on its grouped axis or
 #: None for an ungrouped ``a [L, n_in, r]``, B's key); member order as models/decoder.py builds
 #: the Fanouts (q then k, v; gate then up)
@@ -112,8 +117,8 @@ class Pair:
 class LoroState(NamedTuple):
     """``count``: updates made (int32), equal to the count of ``adamw``'s schedule, the count
     :meth:`Optimizer.lr` reads ``lr`` at (``eta``'s ``lr``, restart warm-up included);
-    ``adamw``: the masked AdamW's state over every parameter -- its moments are the factors'
-    moments too, its Adam count the refresh count."""
+    ``adamw``: the state of loro_adam.moments over every parameter -- the moments of both
+    groups, its Adam count the updates since the last refresh."""
 
     count: jax.Array
     adamw: optax.OptState
@@ -267,44 +272,16 @@ def exact_step(pairs: tuple[Pair, ...], factors: dict, dirs: dict, eta: jax.Arra
 
 
 # --- the transformation -----------------------------------------------------------------------
-def _adam_state(state) -> optax.ScaleByAdamState:
-    found = [s for s in jax.tree.leaves(
-        state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-        if isinstance(s, optax.ScaleByAdamState)]
-    return found[0]
-
-
-def _refresh(state, exact: jax.Array):
-    """Zero every Adam moment and count where ``exact`` (a select, fused into the update)."""
-    def reset(s):
-        if not isinstance(s, optax.ScaleByAdamState):
-            return s
-        zero = lambda x: jnp.where(exact, jnp.zeros_like(x), x)  # noqa: E731
-        return optax.ScaleByAdamState(zero(s.count), jax.tree.map(zero, s.mu),
-                                      jax.tree.map(zero, s.nu))
-    return jax.tree.map(reset, state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-
-
-def restart_schedule(base: optax.Schedule, exact_every: int) -> optax.Schedule:
-    """``base`` times LORO's restart warm-up: after each exact step (updates ``k`` with ``k %
-    K < RESTART_WARMUP``, ``k >= K``) the rate ramps ``RESTART_EPS -> 1`` linearly."""
-    def schedule(count):
-        j = count % exact_every
-        ramp = j / RESTART_WARMUP * (1.0 - RESTART_EPS) + RESTART_EPS
-        warm = (count >= exact_every) & (j < RESTART_WARMUP)
-        return base(count) * jnp.where(warm, ramp, 1.0)
-    return schedule
-
-
 def loro(train: Train, schedule: optax.Schedule, pairs: tuple[Pair, ...], d_model: int
          ) -> optax.GradientTransformation:
     """LORO over a parameter tree with the ``pairs`` (module docstring); ``schedule``: the
     learning rate of update ``k`` (restart warm-up included). ``update`` runs per device on the
     local shards the pairs' splits describe (inside the region), or on whole arrays."""
-    adamw = optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=ADAMW_EPS,
-                        weight_decay=train.weight_decay, mask=decay_mask)
+    adamw = moments(train, schedule)
     keys, every = _factor_keys(pairs), train.loro_exact_every
-    scale = {(p.proj, k): p.rank / d_model for p in pairs for k in ("a", p.b)}
+    scaler = train.loro_lr_scaler
+    scale = {(p.proj, k): p.rank / d_model if scaler < 0 else scaler
+             for p in pairs for k in ("a", p.b)}
     b1, b2, wd = train.beta1, train.beta2, train.weight_decay
 
     def init(params):
@@ -314,9 +291,12 @@ def loro(train: Train, schedule: optax.Schedule, pairs: tuple[Pair, ...], d_mode
         if params is None:
             raise ValueError("loro needs the parameters")
         updates, inner = adamw.update(grads, state.adamw, params)
-        adam = _adam_state(inner)
+        adam = adam_state(inner)
         t = adam.count.astype(jnp.result_type(float))  # updates since the refresh, this one incl.
-        eta = schedule(state.count) * jnp.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+        lr = schedule(state.count)
+        eta = lr * jnp.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+        if train.loro_regular == "authors":  # the factors' entries are replaced below
+            updates = authors_regular(params, adam, lr, eta, wd)
         blocks, mu, nu = params[BLOCKS], adam.mu[BLOCKS], adam.nu[BLOCKS]
         factors = {k: blocks[k[0]][k[1]] for k in keys}
         dirs = {k: mu[k[0]][k[1]] / (jnp.sqrt(nu[k[0]][k[1]]) + LORO_EPS) for k in keys}
@@ -336,7 +316,8 @@ def loro(train: Train, schedule: optax.Schedule, pairs: tuple[Pair, ...], d_mode
         for (proj, key), x in new.items():
             out_blocks[proj][key] = (x - factors[proj, key]).astype(x.dtype)
         updates = dict(updates, **{BLOCKS: out_blocks})
-        return updates, LoroState(state.count + 1, _refresh(inner, exact))
+        inner = refresh(inner, exact) if train.loro_reset_moments else inner
+        return updates, LoroState(state.count + 1, inner)
 
     return optax.GradientTransformation(init, update)
 

@@ -22,7 +22,7 @@ from boost_jax.train.optim import lr_schedule, make_optimizer
 
 K = 3  # exact steps at updates 2, 5, ...
 TRAIN = Train(optimizer="loro", loro_exact_every=K, steps=40, learning_rate=3e-3,
-              weight_decay=0.01)
+              weight_decay=0.01, loro_regular="adamw")  # 'authors': test_loro_regular.py
 
 
 # --- the reference: LOROAdamW (loro_torch/loro_optim.py) transcribed to NumPy, fp64 ---------
@@ -78,9 +78,16 @@ def _restart_lr(train, count: int) -> float:
     return base * ((j / 5 * (1 - 1e-6) + 1e-6) if restarts and j < 5 else 1.0)
 
 
-def _reference(params, grads_seq, train, d_model, lrs):
-    """AdamW on the non-factor leaves (optax.adamw with the decay mask), LORO on the
-    factors, refresh of every moment after each exact step; ``lrs``: the learning rates."""
+def _adamw_regular(p, m, v, t, lr, train, decay):
+    """optax.adamw's update of a non-factor leaf (``decay``: not a norm)."""
+    mh, vh = m / (1 - train.beta1 ** t), v / (1 - train.beta2 ** t)
+    return p - lr * (mh / (np.sqrt(vh) + 1e-8) + (train.weight_decay * p if decay else 0.0))
+
+
+def _reference(params, grads_seq, train, d_model, lrs, regular=_adamw_regular):
+    """``regular`` (``(p, m, v, t, lr, train, decay) -> p``) on the non-factor leaves, LORO on the
+    factors (lazy steps scaled by ``train.loro_lr_scaler``, -1: r/d), refresh of every moment
+    after each exact step if ``train.loro_reset_moments``; ``lrs``: the learning rates."""
     b1, b2, wd = train.beta1, train.beta2, train.weight_decay
     flat = {k: np.array(v, np.float64) for k, v in _flat(params).items()}
     factors = {k for k in flat if k[0] == "blocks" and k[-1] in ("a", "b", "b_q", "b_kv",
@@ -98,14 +105,13 @@ def _reference(params, grads_seq, train, d_model, lrs):
             if k in factors:
                 dirs[k] = m[k] / (np.sqrt(v[k]) + 1e-6)
                 if not exact:
-                    x = flat[k] - step * flat[k].shape[-1 if k[-1] == "a" else -2] / d_model \
-                        * dirs[k]
+                    rank = flat[k].shape[-1 if k[-1] == "a" else -2]
+                    scaler = train.loro_lr_scaler if train.loro_lr_scaler > 0 else rank / d_model
+                    x = flat[k] - step * scaler * dirs[k]
                     flat[k] = x - step * wd * x
             else:
-                mh, vh = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
-                decay = wd * flat[k] if k[-1] not in ("attn_norm", "mlp_norm", "final_norm") \
-                    else 0.0
-                flat[k] = flat[k] - lr * (mh / (np.sqrt(vh) + 1e-8) + decay)
+                flat[k] = regular(flat[k], m[k], v[k], t, lr, train,
+                                  k[-1] not in ("attn_norm", "mlp_norm", "final_norm"))
         if exact:
             new = {k: flat[k].copy() for k in factors}
             for ka, ia, kb, ib in _pairs(params["blocks"]):
@@ -114,6 +120,7 @@ def _reference(params, grads_seq, train, d_model, lrs):
                                       dirs[ka][ia], step)
                 new[kb][ib], new[ka][ia] = mm.T, nn
             flat.update(new)
+        if exact and train.loro_reset_moments:
             m = {k: np.zeros_like(x) for k, x in m.items()}
             v = {k: np.zeros_like(x) for k, x in v.items()}
             t = 0
@@ -138,13 +145,24 @@ def test_matches_the_authors_update_in_fp64():
     rng = np.random.default_rng(0)
     grads_seq = [jax.tree.map(lambda x: rng.normal(0, 1e-2, x.shape), params)
                  for _ in range(7)]
+    got, lrs, count = _run_fp64(TRAIN, model, params, grads_seq)
+    assert rel_err(lrs, [_restart_lr(TRAIN, c) for c in range(len(lrs))]) <= 1e-6
+    assert lrs[3] < 1e-8 and lrs[4] > 0.1 * lrs[2]  # the restart after the exact step
+    ref = _reference(params, grads_seq, TRAIN, model.d_model, lrs)
+    for k, (now, want) in enumerate(zip(got, ref)):
+        errs = {key: rel_err(now[key], want[key]) for key in now}
+        assert max(errs.values()) <= 1e-12, (k, errs)
+    assert count == 7
+
+
+def _run_fp64(train, model, params, grads_seq) -> tuple[list[dict], list[float], int]:
+    """The transformation in fp64 from ``params`` over ``grads_seq``: the flat parameters
+    after each update, the learning rates of the updates (fp32 scalars: optax schedules are,
+    even under x64) and its final update count."""
     with jax.enable_x64(True):
-        opt = make_optimizer(TRAIN, model)
+        opt = make_optimizer(train, model)
         lrs = [float(jax.jit(opt.schedule)(jnp.int32(c))) for c in range(len(grads_seq))]
-        assert rel_err(lrs, [_restart_lr(TRAIN, c) for c in range(len(lrs))]) <= 1e-6
-        assert lrs[3] < 1e-8 and lrs[4] > 0.1 * lrs[2]  # the restart after the exact step
-        ref = _reference(params, grads_seq, TRAIN, model.d_model, lrs)
-        tx = opt.tx
+        tx, out = opt.tx, []
         p = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), params)
         state = tx.init(p)
 
@@ -153,12 +171,10 @@ def test_matches_the_authors_update_in_fp64():
             updates, state = tx.update(g, state, p)
             return optax.apply_updates(p, updates), state
 
-        for count, grads in enumerate(grads_seq):
+        for grads in grads_seq:
             p, state = update(p, state, jax.tree.map(jnp.asarray, grads))
-            got = _flat(jax.device_get(p))
-            errs = {k: rel_err(got[k], ref[count][k]) for k in got}
-            assert max(errs.values()) <= 1e-12, (count, errs)
-        assert int(state.count) == 7
+            out.append(_flat(jax.device_get(p)))
+        return out, lrs, int(state.count)
 
 
 # --- the distributed QR ---------------------------------------------------------------------
