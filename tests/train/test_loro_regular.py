@@ -11,7 +11,7 @@ from boost_jax.config_fields import NOTE
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import rel_err, tiny
-from tests.train.test_loro import K, _flat, _reference, _run_fp64
+from tests.train.test_loro import K, _flat, _reference, _restart_lr, _run_fp64
 
 NORMS = ("attn_norm", "mlp_norm", "final_norm")
 
@@ -52,6 +52,8 @@ def test_regular_group_matches_loro_adamw(knobs):
     rng = np.random.default_rng(0)
     grads_seq = [_grads(params, rng) for _ in range(7)]
     got, lrs, count = _run_fp64(train, model, params, grads_seq)
+    assert rel_err(lrs, [_restart_lr(train, c) for c in range(len(lrs))]) <= 1e-6
+    assert lrs[3] < 1e-8  # the restart warm-up, with or without the reset
     ref = _reference(params, grads_seq, train, model.d_model, lrs, regular=_authors_regular)
     init = {k: np.asarray(x, np.float64) for k, x in _flat(params).items()}
     regular = [k for k in init if k[0] != "blocks" or k[-1] in NORMS]
