@@ -32,6 +32,7 @@ LOWRANK_INITS = ("cola", "loro")
 LATENT_ACT_ARCHS = ("cola", "lax")  # a latent SiLU that only_lr_act lets replace the MLP's
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
 RMSNORMS = ("online", "sync")
+NORM_PAYLOADS = ("lanes", "compute", "float32")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
 SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
@@ -159,8 +160,9 @@ class Parallel:
     ``tp_plan``: ``none`` (no TP), ``fullrank`` (Megatron, dense arch), ``vanilla`` (naive
     low-rank TP) or ``btp`` (bottleneck-aware TP). ``rmsnorm`` (btp): ``online`` (the norm
     statistic rides in the A factor's all-reduce) or ``sync`` (its own all-reduce first).
-    ``norm_payload`` (btp online): dtype of that fused all-reduce, ``compute`` (the compute
-    dtype) or ``float32``.
+    ``norm_payload`` (btp online): how the fused all-reduce carries the statistic in bf16 runs:
+    ``lanes`` (exact: three bf16 lanes per rank, ``3 tensor - 1`` elements more), ``compute``
+    (rounded to bf16) or ``float32`` (the whole payload in fp32); parallel/online_rmsnorm.py.
 
     Pipeline parallelism over ``pipe``: ``pipeline_schedule`` ``gpipe`` or ``circular``
     (``pipeline_repeats`` passes of every microbatch over the stages), ``microbatches`` per data
@@ -182,8 +184,9 @@ class Parallel:
     tp_plan: str = _field("btp", "tensor-parallel plan: " + " | ".join(TP_PLANS), NOTE)
     rmsnorm: str = _field("online", "btp: online (the norm statistic rides in the A factors' "
                           "all-reduce) | sync (an all-reduce of its own)", NOTE)
-    norm_payload: str = _field("compute", "btp online: dtype of the fused all-reduce, compute | "
-                               "float32", NOTE)
+    norm_payload: str = _field("lanes", "btp online, bf16: the statistic in the fused all-reduce: "
+                               "lanes (exact, 3 bf16 lanes per rank) | compute (rounded to "
+                               "bf16) | float32 (an fp32 payload)", NOTE)
     grouping: bool = _field(True, "one GEMM (and collective) for the q/k/v and gate/up A "
                             "factors", NOTE)
     remat: str = _field("none", "activation checkpointing: " + " | ".join(REMATS), NOTE)
@@ -211,8 +214,8 @@ class Parallel:
                f"Parallel.rmsnorm={self.rmsnorm!r} is not one of {', '.join(RMSNORMS)}")
         _check(self.remat in REMATS,
                f"Parallel.remat={self.remat!r} is not one of {', '.join(REMATS)}")
-        _check(self.norm_payload in ("compute", "float32"),
-               f"Parallel.norm_payload={self.norm_payload!r} is not 'compute' or 'float32'")
+        _check(self.norm_payload in NORM_PAYLOADS, f"Parallel.norm_payload={self.norm_payload!r} "
+               f"is not one of {', '.join(NORM_PAYLOADS)}")
         _check(self.tensor == 1 or self.tp_plan != "none",
                f"Parallel.tensor={self.tensor} needs a tensor-parallel plan: set "
                "Parallel.tp_plan to 'btp', 'vanilla' or 'fullrank'")

@@ -11,9 +11,13 @@ plan                        forward                                  backward
 ==========================  =======================================  ========================
 ``fullrank``                ``2 d``  (o, down)                        ``2 d``  (qkv, gate/up)
 ``vanilla``                 ``3 d + 2 d_kv + 2 d_ff``                ``3 d + d_ff``
-``btp`` online              ``(3 r_a + 1) + r_a + (2 r_m + 1) + r_m``  ``3 r_a + r_a + 2 r_m + r_m``
+``btp`` online              ``(3 r_a + k) + r_a + (2 r_m + k) + r_m``  ``3 r_a + r_a + 2 r_m + r_m``
 ``btp`` sync                ``7 r`` + 2 statistics                   ``7 r`` + 2 statistics
 ==========================  =======================================  ========================
+
+``k``: the online statistic's elements -- 1, or ``3 p`` under ``Parallel.norm_payload='lanes'``
+with a bf16 payload (every rank's exact fp32 statistic as three bf16 lanes in its own slot,
+parallel/online_rmsnorm.py).
 
 Without grouping every member of q/k/v and gate/up has its own collective (the online
 statistic then rides in each A factor's all-reduce). With ``Parallel.remat='full'`` the
@@ -49,6 +53,7 @@ import math
 
 from boost_jax.analysis.hlo import Collective
 from boost_jax.config import Model, Parallel
+from boost_jax.parallel.online_rmsnorm import LANES
 from boost_jax.parallel.plans.base import DATA, MESH_AXES, PIPE
 
 
@@ -100,7 +105,11 @@ def layer_collectives(model: Model, parallel: Parallel, dtype: str = "float32"
         bwd = [(w, act) for w in widths]
         if parallel.rmsnorm == "online":
             payload = 4 if parallel.norm_payload == "float32" else act
-            fwd = [(w + 1, payload) if i in norms else (w, act) for i, w in enumerate(widths)]
+            # the statistic: one element, or exact bf16 lanes in a slot per rank
+            stat = LANES * parallel.tensor if (payload < 4 and
+                                               parallel.norm_payload == "lanes") else 1
+            fwd = [(w + stat, payload) if i in norms else (w, act)
+                   for i, w in enumerate(widths)]
         else:  # sync: the statistic's fp32 all-reduce, once per norm (the members' copies are
             # one value), and in the backward pass one per norm_down (their cotangents differ)
             fwd = [(w, act) for w in widths] + [(1, 4)] * 2

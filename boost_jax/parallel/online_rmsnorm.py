@@ -30,9 +30,21 @@ the GEMM input and the statistic; the recovery reads the all-reduced payload onc
 the global RMS and applies the latent activation); the payload is then all-reduced as one
 ``[T, c r + 1]`` buffer whose cotangent the recovery kernel writes whole.
 
-The fused payload travels in ``payload_dtype``: the compute dtype (``[T, c r + 1]`` in bf16
-under bf16 training, the statistic then rounded to bf16) or float32 (the statistic exact, the
-payload twice as wide in bf16 runs). The statistic is always accumulated locally in fp32.
+The fused payload travels in ``payload_dtype``, the compute dtype or float32. The statistic is
+always accumulated locally in fp32; how it rides in a bf16 payload is ``stat``
+(``Parallel.norm_payload``):
+
+- ``lanes`` (default): exactly, at fp32 precision. A bf16 all-reduce rounds every partial sum
+  it forms, so no split of ``s_i`` into a high and a low bf16 part survives it. But a sum of
+  one value and zeros is exact in any arithmetic: each rank writes its fp32 ``s_i``, split
+  exactly into :data:`LANES` bf16 values (:func:`split_exactly`, by bit masks, which no
+  compiler's excess precision can round), into a slot of its own of ``p`` slots, zeros
+  elsewhere; after the all-reduce every rank holds every ``s_i`` exactly and sums them in fp32.
+  The payload is ``[T, c r + 3 p]``: ``3 p - 1`` elements more than ``compute``, where
+  ``float32`` doubles the whole payload and ``sync`` adds a latency-bound collective.
+- ``compute``: ``s_i`` rounded to bf16 (8 significant bits) -- the payload ``[T, c r + 1]``.
+- with a float32 payload (``Parallel.norm_payload='float32'``, or fp32 training) the statistic
+  is one exact fp32 element.
 """
 
 from __future__ import annotations
@@ -50,19 +62,72 @@ from boost_jax.models.norms import sum_squares
 from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
 
 TENSOR = "tensor"
+#: bf16 holds 8 significant bits and fp32 24: three bf16 values hold an fp32 value exactly
+LANES = 3
+_BF16_BITS = 0xFFFF0000  # the bits of an fp32 value that a bf16 holds (sign, exponent, 7 bits)
+
+
+def split_exactly(s: jax.Array) -> jax.Array:
+    """fp32 ``s [..., 1] >= 0`` -> fp32 ``[..., LANES]``, each value exactly a bf16 value,
+    summing to ``s`` exactly: the top 8 significant bits (truncated by a bit mask), then the
+    top 8 of the rest, then the rest (at most 8 bits). No gradient."""
+    parts, rest = [], lax.stop_gradient(s)
+    for _ in range(LANES - 1):
+        bits = lax.bitcast_convert_type(rest, jnp.uint32) & jnp.uint32(_BF16_BITS)
+        top = lax.bitcast_convert_type(bits, jnp.float32)
+        parts.append(top)
+        rest = rest - top  # exact: top is rest with low bits cleared
+    return jnp.concatenate([*parts, rest], axis=-1)
+
+
+def stat_lanes(s_i: jax.Array, dtype) -> jax.Array:
+    """This rank's statistic ``s_i [..., 1]`` (fp32) as ``[..., p * LANES]`` in ``dtype``
+    (bf16): :func:`split_exactly` in this rank's slot, zeros in the others. Its gradient is
+    the cotangent of this rank's first lane (the lanes sum to ``s_i``)."""
+    p, me = lax.axis_size(TENSOR), lax.axis_index(TENSOR)
+    first = jnp.zeros((LANES,), jnp.float32).at[0].set(1.0)
+    # value: the exact split; derivative: through the first lane only (s_i - s_i is 0 exactly)
+    lanes = split_exactly(s_i) + (s_i - lax.stop_gradient(s_i)) * first
+    slot = (jnp.arange(p) == me).astype(jnp.float32)[:, None]  # [p, 1]: 1 in this rank's slot
+    out = slot * lanes[..., None, :]  # [..., p, LANES]
+    return out.reshape(*s_i.shape[:-1], p * LANES).astype(dtype)
+
+
+def lanes_used(stat: str, payload_dtype) -> bool:
+    """Whether the statistic rides in lanes: ``stat='lanes'`` with a payload narrower than
+    fp32 (an fp32 payload carries it exactly as one element)."""
+    return stat == "lanes" and jnp.dtype(payload_dtype).itemsize < 4
+
+
+def stat_payload(s_i: jax.Array, dtype, stat: str) -> jax.Array:
+    """This rank's part of the fused payload for its statistic ``s_i [..., 1]`` (fp32):
+    ``[..., p * LANES]`` lanes, or ``s_i`` in ``dtype`` (``[..., 1]``)."""
+    return stat_lanes(s_i, dtype) if lanes_used(stat, dtype) else s_i.astype(dtype)
+
+
+def global_stat(total: jax.Array, stat: str) -> jax.Array:
+    """The all-reduced statistic part of the payload -> ``sum_i s_i [..., 1]`` in fp32 (the
+    lanes' exact parts summed in fp32, or the all-reduced value)."""
+    if lanes_used(stat, total.dtype):
+        return jnp.sum(total.astype(jnp.float32), axis=-1, keepdims=True)
+    return total.astype(jnp.float32)
 
 
 def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
-                     payload_dtype=None, act: str = "identity", impl: str = "xla"
-                     ) -> jax.Array:
+                     payload_dtype=None, act: str = "identity", impl: str = "xla",
+                     stat: str = "lanes") -> jax.Array:
     """``act(gemm(RMSNorm(x)))`` for ``x [b, s, d/p]`` sharded on ``tensor``, with one
     all-reduce.
 
     ``gemm`` maps ``[b, s, d/p]`` to this rank's partial product ``[b, s, ...]`` (e.g.
     ``[b, s, 3, r]``); the result has the same shape, replicated over ``tensor``. ``impl``:
-    ``xla`` or ``triton`` (:func:`boost_jax.kernels.resolve`).
+    ``xla`` or ``triton`` (:func:`boost_jax.kernels.resolve`). ``stat``: ``lanes`` or
+    ``compute``, how the statistic rides in a bf16 payload (the module docstring).
     """
     if impl == "triton":
+        if lanes_used(stat, payload_dtype or x.dtype):
+            raise NotImplementedError("the Triton recovery reads the statistic as the "
+                                      "payload's last element: not in lanes")
         return _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act)
     d = x.shape[-1] * lax.axis_size(TENSOR)
     s_i = sum_squares(x)  # [b, s, 1] fp32
@@ -74,9 +139,9 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
     lead, tail = h_i.shape[:2], h_i.shape[2:]
     dtype = payload_dtype or h_i.dtype
     h, s = tag(psum_together((h_i.reshape(*lead, -1) * rho_i).astype(dtype),
-                             s_i.astype(dtype)), LATENT)
+                             stat_payload(s_i, dtype, stat)), LATENT)
     return activate(divide_by_rms(h.astype(jnp.float32).reshape(*lead, *tail),
-                                  s.astype(jnp.float32), d, eps, h_i.dtype), act)
+                                  global_stat(s, stat), d, eps, h_i.dtype), act)
 
 
 def _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act):

@@ -78,10 +78,18 @@ def test_report_check_other_variants(arch, plan, options):
     assert _report(arch, plan, **options)["check"] == []
 
 
-def test_report_check_in_bfloat16():
-    rep = build_report(Config(tiny("cola"), Parallel(data=2, tensor=4, remat="full"),
+@pytest.mark.parametrize("payload, remat, stat", [("lanes", "full", 3 * 4),
+                                                   ("compute", "none", 1)])
+def test_report_check_in_bfloat16(payload, remat, stat):
+    """bf16: the fused all-reduces carry the statistic as 3 bf16 lanes per rank (``lanes``,
+    the default: ``3 p`` elements) or as one rounded element (``compute``), all in bf16."""
+    r = tiny("cola").attn_rank
+    rep = build_report(Config(tiny("cola"), Parallel(data=2, tensor=4, remat=remat,
+                                                     norm_payload=payload),
                               Train(batch_size=BATCH, seq_len=SEQ, dtype="bfloat16"), Data()))
     assert rep["check"] == []
+    assert _layer_widths(rep, "fwd") == [r, r, 2 * r + stat, 3 * r + stat]
+    assert {c["dtype"] for c in rep["collectives"] if c["where"] == "layer"} == {"bf16"}
     assert rep["measured"]["layer_fwd_bytes"] == 2 * rep["measured"]["layer_fwd"]
 
 

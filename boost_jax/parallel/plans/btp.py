@@ -7,8 +7,9 @@ latent. The residual stream stays split on ``d`` between layers (rank ``i`` hold
 ``[i d/p, (i+1) d/p)``), heads and ``d_ff`` are local, and no layer parameter is replicated.
 
 Per token per layer (online RMSNorm, grouping on): forward all-reduces of widths
-``3r+1, r, 2r+1, r`` and backward ones of ``3r, r, 2r, r`` (the transposes of *f* at the B
-inputs) -- ``14 r + 2`` elements. The embedding reduce-scatters straight into the residual
+``3r+k, r, 2r+k, r`` and backward ones of ``3r, r, 2r, r`` (the transposes of *f* at the B
+inputs) -- ``14 r + 2k`` elements, ``k`` the statistic's elements (1, or ``3p`` bf16 lanes:
+parallel/online_rmsnorm.py). The embedding reduce-scatters straight into the residual
 shard; the final norm runs on the shards (its statistic all-reduced) and its output is
 all-gathered for the vocab-parallel head.
 """
@@ -34,9 +35,11 @@ class BTPPlan(VocabParallelPlan):
     replicated_hidden = False  # the all-gathered hidden state is already 'varying'
 
     def __init__(self, rmsnorm: str = "online", payload_dtype=None, kernels: str = "xla",
-                 **options):
+                 stat: str = "lanes", **options):
         super().__init__(**options)
         self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
+        #: ``lanes`` | ``compute``: how the online statistic rides in a bf16 payload
+        self.stat = stat
         #: ``xla`` | ``triton``: who runs the online norm's local pass and recovery
         self.kernels = kernels
 
@@ -51,7 +54,8 @@ class BTPPlan(VocabParallelPlan):
 
     def norm_down(self, h, scale, eps, gemm, act="identity"):
         if self.rmsnorm == "online":
-            return online_norm_down(h, scale, eps, gemm, self.payload_dtype, act, self.kernels)
+            return online_norm_down(h, scale, eps, gemm, self.payload_dtype, act, self.kernels,
+                                    self.stat)
         return sync_norm_down(h, scale, eps, gemm, act)
 
     def down(self, x, gemm):
