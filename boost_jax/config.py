@@ -289,6 +289,8 @@ class Train:
     max_skips: int = _field(10, "nonfinite='skip': most steps skipped in a row", FREE)
     optimizer: str = _field("adamw", "adamw | loro (low-rank Riemannian steps on the svd "
                             "factors, loro_regular's rule on the rest)", MATCH)
+    factor_lr_scale: float = _field(1.0, "adamw: the low-rank factors' (A, B) update times "
+                                    "this; negative: rank/d_model, LORO's scaler", NOTE)
     loro_exact_every: int = _field(500, "loro: steps between exact Riemannian steps (the "
                                    "paper's K)", NOTE)
     loro_regular: str = _field("authors", "loro: rule of the non-factor parameters (embeddings, "
@@ -318,6 +320,8 @@ class Train:
                f"must be one of {', '.join(LORO_REGULARS)}")
         _check(self.loro_lr_scaler != 0, "Train.loro_lr_scaler=0 would freeze the factors' "
                "approximate steps; use a positive factor or -1 (rank/d_model)")
+        _check(self.factor_lr_scale != 0, "Train.factor_lr_scale=0 would freeze the factors; "
+               "use a positive factor or -1 (rank/d_model)")
         _check(self.sample_every is None or self.sample_every > 0,
                f"Train.sample_every={self.sample_every} must be a positive integer or None")
         _check(bool(self.sample_prompts) and all(self.sample_prompts),
