@@ -35,3 +35,13 @@ def dots_saveable():
 def save_from_both_policies(a, b):
     """The remat policy that keeps what either ``a`` or ``b`` keeps."""
     return jax.checkpoint_policies.save_from_both_policies(a, b)
+
+
+def all_gather_invariant(x: jax.Array, axis_name: str, axis: int) -> jax.Array:
+    """Tiled all-gather over ``axis_name`` whose result is typed *invariant* (the same on every
+    device): its transpose is each device's slice, not a reduce-scatter. jax 0.10 spells it
+    ``lax.all_gather(..., to='invarying')``; a JAX with ``lax.all_gather_invariant`` uses that."""
+    fn = getattr(jax.lax, "all_gather_invariant", None)
+    if fn is not None:  # pragma: no cover - not in jax 0.10
+        return fn(x, axis_name, axis=axis, tiled=True)
+    return jax.lax.all_gather(x, axis_name, axis=axis, tiled=True, to="invarying")

@@ -85,8 +85,6 @@ def test_batch_must_divide_data():
      "Parallel.tp_plan='fullrank' runs Model.arch in dense, not 'cola'"),
     (dict(arch="dense"), dict(tensor=4, tp_plan="btp"), "use 'fullrank' for dense"),
     (dict(arch="dense"), dict(tensor=4, tp_plan="vanilla"), "use 'fullrank' for dense"),
-    (dict(arch="lax", lax_gate="dense"), dict(tensor=4, tp_plan="vanilla"),
-     "splits latents on the rank"),
 ])
 def test_bad_tensor_parallel_layouts(model, parallel, needle):
     from boost_jax.config import Config

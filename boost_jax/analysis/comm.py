@@ -11,6 +11,7 @@ plan                        forward                                  backward
 ==========================  =======================================  ========================
 ``fullrank``                ``2 d``  (o, down)                        ``2 d``  (qkv, gate/up)
 ``vanilla``                 ``3 d + 2 d_kv + 2 d_ff``                ``3 d + d_ff``
+``vanilla`` LaX (gathered)  ``+ 3 r_a + r_a + 2 r_m + r_m``          ``+ 3 r_a + r_a + 2 r_m + r_m``
 ``btp`` online              ``(3 r_a + k) + r_a + (2 r_m + k) + r_m``  ``3 r_a + r_a + 2 r_m + r_m``
 ``btp`` sync                ``7 r`` + 2 statistics                   ``7 r`` + 2 statistics
 ==========================  =======================================  ========================
@@ -18,6 +19,10 @@ plan                        forward                                  backward
 ``k``: the online statistic's elements -- 1, or ``3 p`` under ``Parallel.norm_payload='lanes'``
 with a bf16 payload (every rank's exact fp32 statistic as three bf16 lanes in its own slot,
 parallel/online_rmsnorm.py).
+
+``vanilla`` LaX: a crossing that needs the whole latent (a gate other than identity, or the
+latent norm) all-gathers each projection's rank-split latent forward (grouping or not) and
+all-reduces its cotangent backward (*f* at the slice each rank keeps; parallel/plans/vanilla.py).
 
 Without grouping every member of q/k/v and gate/up has its own collective (the online
 statistic then rides in each A factor's all-reduce). With ``Parallel.remat='full'`` the
@@ -81,6 +86,12 @@ class Comm:
 Collectives = list[tuple[float, int]]  # (elements per token, bytes per element)
 
 
+def gathers_latents(model: Model) -> bool:
+    """Does ``vanilla`` all-gather LaX's latents (a crossing that mixes the r coordinates: a
+    gate other than identity, or the latent norm)?"""
+    return model.arch == "lax" and (model.lax_gate != "identity" or model.lax_latent_norm)
+
+
 def layer_collectives(model: Model, parallel: Parallel, dtype: str = "float32"
                       ) -> tuple[Collectives, Collectives]:
     """The tensor-axis collectives of one decoder layer, forward and backward: elements per
@@ -98,6 +109,8 @@ def layer_collectives(model: Model, parallel: Parallel, dtype: str = "float32"
     elif plan == "vanilla":  # every B output; f at every A input
         fwd = [d, 2 * dkv, d, 2 * dff, d] if grouped else [d, dkv, dkv, d, dff, dff, d]
         bwd = [d, d, d, dff] if grouped else [d] * 6 + [dff]
+        if gathers_latents(model):  # LaX: each latent gathered; f's all-reduce at its slice
+            fwd, bwd = [3 * ra, ra, 2 * rm, rm] + fwd, [3 * ra, ra, 2 * rm, rm] + bwd
         fwd, bwd = [(w, act) for w in fwd], [(w, act) for w in bwd]
     else:  # btp: latents (+ the online statistic); f at every B input
         widths = [3 * ra, ra, 2 * rm, rm] if grouped else [ra] * 4 + [rm] * 3

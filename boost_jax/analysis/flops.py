@@ -47,7 +47,8 @@ def recompute_flops_per_token(cfg: Model, seq_len: int, tp_plan: str, remat: str
     ``full`` recomputes every block. ``lowrank`` keeps every chunk-boundary value, so it
     recomputes only what lies between them: the column-side GEMMs of q/k/v and gate/up (B
     factors, or dense weights) and the attention core (plus LaX gates) -- under ``vanilla``,
-    whose full-width q/k/v/gate/up outputs are kept, only the attention core.
+    whose full-width q/k/v/gate/up outputs are kept, only the attention core and the LaX gates
+    (on the gathered latents, which it keeps).
     ``lowrank_attn`` also keeps the attention output.
     """
     if remat == "none":
@@ -62,7 +63,7 @@ def recompute_flops_per_token(cfg: Model, seq_len: int, tp_plan: str, remat: str
         columns = 2 * ra * (d + 2 * dkv) + 2 * 2 * rm * dff
     attention = f["attention"] if remat == "lowrank" else 0.0
     if tp_plan == "vanilla":
-        return attention
+        return f["lax_gates"] + attention
     return cfg.n_layers * columns + f["lax_gates"] + attention
 
 

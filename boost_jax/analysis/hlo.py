@@ -171,12 +171,27 @@ def _axes(groups: list[list[int]], mesh_shape: tuple[int, ...], names: tuple[str
     return tuple(n for n, v in zip(names, varying) if v)
 
 
-def _promoted(ins: _Instr, by_name: dict[str, _Instr], params: dict[str, str]) -> bool:
+def _widened(instrs: list[_Instr]) -> bool:
+    """Does a fused computation end (through layout-only ops) in a convert of a 2-byte float
+    to f32 -- e.g. a GEMM's f32 output rounded to bf16 and widened back in one fusion?"""
+    by_name = {i.name: i for i in instrs}
+    node = instrs[-1] if instrs else None  # the ROOT is printed last
+    while node is not None and node.op in ("bitcast", "copy", "reshape", "transpose"):
+        node = by_name.get(node.operands[0]) if node.operands else None
+    if node is None or node.op != "convert" or [t for t, _ in _arrays(node.type)] != ["f32"]:
+        return False
+    inner = by_name.get(node.operands[0]) if node.operands else None
+    return inner is not None and [t for t, _ in _arrays(inner.type)] in (["bf16"], ["f16"])
+
+
+def _promoted(ins: _Instr, by_name: dict[str, _Instr], params: dict[str, str],
+              comps: dict[str, list[_Instr]] | None = None) -> bool:
     """Did XLA's CPU backend widen a 2-byte float collective to f32?
 
     Exact for reductions (their reduction computation is renamed ``*_promoted``); for gathers,
-    permutes and all-to-alls, whose operand the backend converts up from bf16/f16, a program
-    that itself casts to f32 right before such a collective would be misread as promoted.
+    permutes and all-to-alls, whose operand the backend converts up from bf16/f16 (alone, or
+    fused: a fusion of 2-byte inputs, or one ending in the widening convert), a program that
+    itself casts to f32 right before such a collective would be misread as promoted.
     """
     if "to_apply=" in ins.attrs:
         return "_promoted" in ins.attrs
@@ -188,8 +203,9 @@ def _promoted(ins: _Instr, by_name: dict[str, _Instr], params: dict[str, str]) -
         return inner is not None and any(t in ("bf16", "f16") for t, _ in _arrays(inner.type))
     if src.op == "fusion" and (c := re.search(r"calls=%([\w.\-]+)", src.attrs)) is not None:
         inputs = _arrays(params.get(c.group(1), ""))
-        return bool(inputs) and all(t in ("bf16", "f16") for t, _ in inputs) and \
+        narrow = bool(inputs) and all(t in ("bf16", "f16") for t, _ in inputs) and \
             all(t == "f32" for t, _ in _arrays(src.type))
+        return narrow or _widened((comps or {}).get(c.group(1), []))
     return False
 
 
@@ -224,7 +240,7 @@ def collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ..
                 arrays = arrays[1:2]  # (operand, result[, contexts]) -> result
             groups = _groups(ins.attrs, n_devices)
             size, axes = len(groups[0]), _axes(groups, mesh_shape, axis_names)
-            promoted = _promoted(ins, by_name, params)
+            promoted = _promoted(ins, by_name, params, comps)
             names = _element_op_names(ins.attrs, len(arrays))
             for (dtype, shape), op_name in zip(arrays, names):
                 elements = math.prod(shape) * (size if op == "reduce-scatter" else 1)

@@ -11,7 +11,8 @@ grouped, as BOOST computes them:
 * :class:`Single` -- o and down. Low-rank ``a [d_in, r]``, ``b [r, d]``; dense ``w [d_in, d]``.
 
 Where a projection's GEMMs sit relative to collectives is the plan's business: the projection
-hands each local matrix product to ``plan.norm_down`` / ``plan.down`` / ``plan.up``.
+hands each local matrix product to ``plan.norm_down`` / ``plan.down`` / ``plan.up``, and LaX's
+crossing to ``plan.cross`` (which gathers the latent where the plan splits it).
 
 LaX adds to each projection's pre-activation latent the post-activation latent
 of the same projection in the previous block, through a gate, then LayerNorms the sum over its
@@ -112,6 +113,12 @@ class Crossing(nnx.Module):
                          self.gate_enc[...])
         return out.reshape(prev.shape)
 
+    @property
+    def elementwise(self) -> bool:
+        """Does each latent coordinate cross on its own (identity gate, no norm)? Otherwise
+        the crossing needs the whole r-wide latent (a plan that splits it gathers it)."""
+        return self.gate == "identity" and not self.use_norm
+
     def __call__(self, z: jax.Array, prev: jax.Array | None) -> jax.Array:
         """``z`` pre-activation latent; ``prev`` the previous block's post-activation latent
         (``None`` in block 0, which has nothing to cross)."""
@@ -128,11 +135,15 @@ class _LowRankLatent:
 
     arch: str
 
-    def _latent(self, z, prev):
-        if self.arch == "lax":
-            z = self.crossing(z, prev)
-        z = latent_act(self.arch, z)
-        return z, (z if self.arch == "lax" else None)
+    def _latent(self, z: jax.Array, prev: jax.Array | None, plan: Plan
+                ) -> tuple[jax.Array, jax.Array | None]:
+        """Latent ``z`` in the plan's layout -> ``(sigma(z) for the B factor, the latent the next
+        block crosses)``; LaX crosses through ``plan.cross``, which owns any collective the
+        crossing needs."""
+        if self.arch != "lax":
+            return latent_act(self.arch, z), None
+        return plan.cross(z, prev, lambda v, p: latent_act(self.arch, self.crossing(v, p)),
+                          self.crossing.elementwise)
 
 
 class Fanout(nnx.Module, _LowRankLatent):
@@ -194,7 +205,7 @@ class Fanout(nnx.Module, _LowRankLatent):
         else:
             z = jnp.stack([plan.norm_down(h, scale, eps, lambda x, i=i: x @ a[:, i], act)
                            for i in range(self.members)], axis=2)
-        z, latent = self._latent(z, prev) if self.arch == "lax" else (z, None)
+        z, latent = self._latent(z, prev, plan) if self.arch == "lax" else (z, None)
         b = {name: getattr(self, f"b_{name}")[...] for name, *_ in self.outs}
         slices, start = {}, 0
         for name, m, _, _ in self.outs:
@@ -245,5 +256,5 @@ class Single(nnx.Module, _LowRankLatent):
             return plan.down(x, lambda v: v @ w), None
         a, b = self.a[...], self.b[...]
         z = plan.down(x, lambda v: v @ a)
-        z, latent = self._latent(z, prev)
+        z, latent = self._latent(z, prev, plan)
         return plan.up(z, lambda v: v @ b), latent

@@ -26,6 +26,14 @@ HLO = """HloModule test
   ROOT %c = f32[4,16]{1,0} convert(%param_0)
 }
 
+%fused_round (param_1: f32[4,12]) -> f32[4,3,4] {
+  %param_1 = f32[4,12]{1,0} parameter(0)
+  %narrow = bf16[4,12]{1,0} convert(%param_1)
+  %wide = f32[4,12]{1,0} convert(%narrow)
+  %bc = f32[4,3,4]{2,1,0} bitcast(%wide)
+  ROOT %cpy = f32[4,3,4]{1,0,2} copy(%bc)
+}
+
 %body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
   %p = (s32[], f32[4,8]) parameter(0)
   %v = f32[4,8]{1,0} get-tuple-element(%p), index=1
@@ -39,10 +47,14 @@ HLO = """HloModule test
   ROOT %lt = pred[] constant(true)
 }
 
-ENTRY %main (a: f32[4,8], b: bf16[4,16], c: f32[8]) -> f32[4,8] {
+ENTRY %main (a: f32[4,8], b: bf16[4,16], c: f32[8], d: f32[4,12]) -> f32[4,8] {
   %a = f32[4,8]{1,0} parameter(0)
   %b = bf16[4,16]{1,0} parameter(1)
   %c = f32[8]{0} parameter(2)
+  %d = f32[4,12]{1,0} parameter(3)
+  %fr = f32[4,3,4]{1,0,2} fusion(%d), kind=kLoop, calls=%fused_round
+  %ag2 = f32[4,3,8]{1,0,2} all-gather(%fr), channel_id=6, replica_groups=[4,2]<=[2,4]T(1,0), dimensions={2}, use_global_device_ids=true
+  %ag3 = f32[4,24]{1,0} all-gather(%d), channel_id=7, replica_groups=[4,2]<=[2,4]T(1,0), dimensions={1}, use_global_device_ids=true
   %z = s32[] constant(0)
   %init = (s32[], f32[4,8]) tuple(%z, %a)
   %w = (s32[], f32[4,8]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"6"}}
@@ -75,6 +87,13 @@ def test_iota_groups_gather_and_scatter(colls):
         (("tensor",), 4, 256, "bf16", True)
     rs = colls["rs"]  # [4,2]<=[2,4]T(1,0): groups {0,4}, {1,5}, ... -> the data axis
     assert (rs.axes, rs.group_size, rs.elements, rs.dtype) == (("data",), 2, 4, "f32")
+
+
+def test_promotion_fused_into_the_gathers_operand(colls):
+    """The CPU backend rounds a GEMM's f32 output to bf16 and widens it back in the fusion
+    that feeds the gather: 2 bytes each. An f32 operand gathered as it is stays f32."""
+    assert (colls["ag2"].dtype, colls["ag2"].bytes) == ("bf16", 2 * 4 * 3 * 8)
+    assert (colls["ag3"].dtype, colls["ag3"].bytes) == ("f32", 4 * 4 * 24)
 
 
 def test_mesh_form_and_combined_tuples(colls):

@@ -59,6 +59,48 @@ def test_vanilla_all_reduces_full_width_outputs():
     assert rep["check"] == []
 
 
+@functools.cache
+def _vanilla_lax_report(gate, norm, dtype="float32", **options):
+    """vanilla with LaX's crossing ``(gate, latent norm)``, 3 layers: block 0 runs before the
+    layer loop, blocks 1-2 in it."""
+    model = tiny("lax", n_layers=3, lax_gate=gate, lax_latent_norm=norm)
+    parallel = Parallel(data=2, tensor=4, tp_plan="vanilla", **options)
+    train = Train(batch_size=BATCH, seq_len=SEQ, dtype=dtype)
+    return build_report(Config(model, parallel, train, Data()))
+
+
+def _layer_ops(rep, direction):
+    """``(op, per-token width)`` of every tensor-axis collective of one layer, sorted."""
+    return sorted((r["op"], math.prod(r["shape"]) // TOKENS) for r in rep["collectives"]
+                  for _ in range(r["instances"]) if r["where"] == "layer"
+                  and r["direction"] == direction and r["axes"] == "tensor")
+
+
+@pytest.mark.parametrize("gate, norm", [("kronecker", True), ("kronecker", False),
+                                        ("identity", True), ("identity", False)])
+def test_vanilla_lax_gathers_each_latent_it_crosses_whole(gate, norm):
+    """vanilla's own all-reduces, plus -- for a crossing that mixes the latent -- one
+    all-gather of each projection's latent forward and f's all-reduce of it backward."""
+    m = tiny("lax")
+    latents = [] if (gate, norm) == ("identity", False) else [
+        3 * m.attn_rank, m.attn_rank, 2 * m.mlp_rank, m.mlp_rank]
+    fwd = [m.d_model, 2 * m.d_kv, m.d_model, 2 * m.d_ff, m.d_model]
+    bwd = [m.d_model] * 3 + [m.d_ff] + latents
+    rep = _vanilla_lax_report(gate, norm)
+    assert _layer_ops(rep, "fwd") == sorted([("all-reduce", w) for w in fwd] +
+                                            [("all-gather", w) for w in latents])
+    assert _layer_ops(rep, "bwd") == sorted(("all-reduce", w) for w in bwd)
+    assert rep["check"] == []
+
+
+def test_vanilla_lax_ungrouped_full_remat_bfloat16_check():
+    """One gather per projection without grouping too; ``full`` remat replays the gathers;
+    bf16 latents are gathered in bf16."""
+    rep = _vanilla_lax_report("kronecker", True, "bfloat16", grouping=False, remat="full")
+    assert rep["check"] == []
+    assert rep["measured"]["layer_fwd_bytes"] == 2 * rep["measured"]["layer_fwd"]
+
+
 def test_fullrank_megatron():
     d = tiny("dense").d_model
     rep = _report("dense", "fullrank")

@@ -23,16 +23,18 @@ from boost_jax.testing import SINGLE, loss_and_grads, norm_rel_err, rel_err, tin
 BATCH, SEQ = 8, 16
 
 
-def _model(arch, plan):
-    # LaX with its gate and latent norm where the plan supports them (btp); identity otherwise
-    rich = arch == "lax" and plan == "btp"
-    return tiny(arch, lax_gate="dense" if rich else "identity", lax_latent_norm=rich,
-                n_layers=3 if arch == "lax" else 2)
+#: LaX's crossing (gate, latent norm) unless a case names one: the dense gate with the norm
+CROSSING = ("dense", True)
+
+
+def _model(arch, crossing=CROSSING):
+    gate, norm = crossing
+    return tiny(arch, lax_gate=gate, lax_latent_norm=norm, n_layers=3 if arch == "lax" else 2)
 
 
 @functools.cache
-def _problem(arch, plan, dtype="float32"):
-    model = _model(arch, plan)
+def _problem(arch, dtype="float32", crossing=CROSSING):
+    model = _model(arch, crossing)
     params = jax.device_get(init_params(abstract_model(model)[1], seed=0))
     seq = SEQ if dtype == "float32" else 4 * SEQ
     inputs = jax.random.randint(jax.random.key(1), (BATCH, seq), 0, model.vocab_size)
@@ -41,8 +43,9 @@ def _problem(arch, plan, dtype="float32"):
     return model, params, inputs, targets, ref
 
 
-def _check(arch, plan, data, tensor, dtype="float32", gspmd=False, **options):
-    model, params, inputs, targets, (ref_loss, ref_grads) = _problem(arch, plan, dtype)
+def _check(arch, plan, data, tensor, dtype="float32", gspmd=False, crossing=CROSSING,
+           **options):
+    model, params, inputs, targets, (ref_loss, ref_grads) = _problem(arch, dtype, crossing)
     parallel = Parallel(data=data, tensor=tensor, tp_plan=plan, **options)
     loss, grads = loss_and_grads(model, parallel, params, inputs, targets, dtype, gspmd)
     tol, metric = (1e-5, rel_err) if dtype == "float32" else (2e-2, norm_rel_err)
@@ -72,6 +75,17 @@ REPRESENTATIVE = [
                          ",".join(f"{k}={x}" for k, x in v.items()))
 def test_plan_matches_single_device(arch, plan, data, tensor, options):
     _check(arch, plan, data, tensor, **options)
+
+
+@pytest.mark.parametrize("crossing, data, tensor, options", [
+    (("kronecker", True), 2, 4, {}),  # the LaX authors' crossing (the default)
+    (("identity", True), 1, 2, dict(grouping=False)),
+    (("identity", False), 1, 4, {}),  # elementwise: crossed on the rank slices
+], ids=str)
+def test_vanilla_lax_crossings_match_single_device(crossing, data, tensor, options):
+    """Vanilla splits LaX's latents on the rank: every crossing (the dense gate with the norm
+    is in the matrix above) matches one device -- the gathered latent crosses whole."""
+    _check("lax", "vanilla", data, tensor, crossing=crossing, **options)
 
 
 @pytest.mark.parametrize("arch, plan", [
@@ -111,7 +125,7 @@ def test_logits_are_vocab_sharded_and_equal():
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
 
-    model, params, inputs, _, _ = _problem("cola", "btp")
+    model, params, inputs, _, _ = _problem("cola")
     parallel = Parallel(data=2, tensor=4, tp_plan="btp")
     sharded = ShardedModel(model, parallel, make_mesh(parallel))
     logits = jax.jit(sharded.logits)(jax.device_put(params, sharded.param_shardings),

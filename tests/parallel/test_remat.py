@@ -37,6 +37,16 @@ def test_gradients_are_exact(arch, remat, layout):
     assert tree_rel_err(grads, ref_grads) <= 1e-5
 
 
+def test_vanilla_lax_lowrank_gradients_are_exact():
+    """vanilla with the LaX authors' crossing: ``lowrank`` keeps the gathered latents and
+    recomputes the crossing from them."""
+    model, params, inputs, targets, (ref_loss, ref_grads) = _reference("lax")
+    parallel = Parallel(data=2, tensor=4, tp_plan="vanilla", remat="lowrank")
+    loss, grads = loss_and_grads(model, parallel, params, inputs, targets)
+    assert rel_err(loss, ref_loss) <= 1e-5
+    assert tree_rel_err(grads, ref_grads) <= 1e-5
+
+
 @functools.cache
 def _tensor_traffic(plan, remat, arch="cola"):
     parallel = Parallel(data=2, tensor=4, tp_plan=plan, remat=remat)
@@ -47,8 +57,9 @@ def _tensor_traffic(plan, remat, arch="cola"):
 
 
 @pytest.mark.parametrize("plan, arch", [("btp", "cola"), ("vanilla", "cola"),
-                                        ("fullrank", "dense")])
+                                        ("vanilla", "lax"), ("fullrank", "dense")])
 def test_lowrank_adds_no_collective(plan, arch):
+    """``lax`` with its default crossing (Kronecker gate, latent norm): vanilla's gathers."""
     none = _tensor_traffic(plan, "none", arch)
     assert _tensor_traffic(plan, "lowrank", arch) == none
     full = _tensor_traffic(plan, "full", arch)

@@ -11,6 +11,8 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
                    latent; where BTP fuses the norm statistic into the latent's collective
 ``down``           a row-type GEMM (A factor, or a dense o/down weight) and its reduction
 ``up``             a column-type GEMM (B factor, or a dense q/kv/gate/up weight)
+``cross``          LaX's latent crossing (gate, norm, activation) on the latent in the plan's
+                   layout; where a plan that splits the latent gathers what the crossing needs
 ``final_norm``     residual stream -> the final RMSNorm's full-width output the head reads
 ``logits``         hidden -> (possibly vocab-sharded) logits
 ``token_loss``     logits + targets -> per-token cross-entropy (fp32)
@@ -42,6 +44,8 @@ from boost_jax.parallel.remat import LATENT, tag
 from boost_jax.parallel.vocab import vocab_cross_entropy, vocab_embed
 
 Gemm = Callable[[jax.Array], Any]
+#: LaX's crossing ``(z, prev) -> y`` on whole latents (models/projections.py)
+Crossing = Callable[[jax.Array, "jax.Array | None"], jax.Array]
 
 DATA, PIPE, TENSOR = "data", "pipe", "tensor"
 MESH_AXES = (DATA, PIPE, TENSOR)
@@ -133,6 +137,18 @@ class Plan:
 
     def up(self, z: jax.Array, gemm: Gemm):
         return gemm(z)
+
+    def cross(self, z: jax.Array, prev: jax.Array | None, crossing: Crossing,
+              elementwise: bool) -> tuple[jax.Array, jax.Array]:
+        """LaX: ``crossing(z, prev)`` -- gate, latent norm and activation -- of the latent ``z
+        [b, s, (c,) r_local]`` (as :meth:`norm_down` / :meth:`down` return it) and the latent
+        ``prev`` the previous block carried (``None`` in block 0). ``elementwise``: the crossing
+        treats each latent coordinate on its own (identity gate, no norm). Returns ``(y,
+        carry)``: the crossed latent in ``z``'s layout, which the B factor reads, and what the
+        next block receives as ``prev``. Here the latent is whole: both are ``crossing(z,
+        prev)``."""
+        y = crossing(z, prev)
+        return y, y
 
     def final_norm(self, h: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
         """The final RMSNorm of the residual stream, full width ``[b, s, d]``."""
