@@ -73,8 +73,9 @@ def test_the_kinds_are_the_ones_documented():
 
 # --- the optimizer switch on a healthy run ---------------------------------------------------
 def _gin(data, steps, *extra):
+    # the command takes every device of the process (the suite's 8): data-parallel over them
     return ["Model.arch='svd'", "Model.size='tiny'", f"Data.path='{data}'", "Train.batch_size=8",
-            "Train.seq_len=32", "Train.eval_batches=1", "Parallel.data=1", "Parallel.tensor=1",
+            "Train.seq_len=32", "Train.eval_batches=1", "Parallel.data=8", "Parallel.tensor=1",
             "Parallel.tp_plan='none'", f"Train.steps={steps}", "Train.schedule_steps=9",
             "Train.checkpoint_every=3", *extra]
 
@@ -92,7 +93,8 @@ def test_an_optimizer_switch_is_refused_and_the_old_config_resumes_exactly(tiny_
     Train.optimizer='loro': exit code 2, one line naming the field and the checkpoint's value,
     no file moved or written; then the old config resumes to 9, equal to 9 steps in one run."""
     work, ref = tmp_path / "work", tmp_path / "ref"
-    assert _train_main(capsys, ref, _gin(tiny_data, 9))[0] == 0
+    code, _, err = _train_main(capsys, ref, _gin(tiny_data, 9))
+    assert code == 0, err[-2000:]
     assert _train_main(capsys, work, _gin(tiny_data, 6))[0] == 0
     before = _tree(work)
     code, _, err = _train_main(capsys, work, _gin(tiny_data, 9, "Train.optimizer='loro'"))
