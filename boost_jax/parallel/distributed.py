@@ -193,18 +193,6 @@ def initialize(cluster: Cluster, devices_needed: int, timeout: float,
 
 
 # --- decisions every process takes together -----------------------------------------------
-def all_true(ok: bool) -> bool:
-    """True on every process iff ``ok`` is true on every process (one all-gather; free in a
-    single-process run). Every process must call it at the same point."""
-    import jax
-
-    if jax.process_count() == 1:
-        return ok
-    from jax.experimental import multihost_utils
-
-    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
-
-
 def max_value(value: int) -> int:
     """The largest of every process's ``value`` (one all-gather; free in a single-process run).
     Every process must call it at the same point."""
