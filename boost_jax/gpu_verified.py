@@ -1,0 +1,40 @@
+"""What has passed its parity test on a real GPU in this repository: a dated record that the
+``auto`` defaults read.
+
+A GPU-only path (a Triton kernel, cuDNN's packed-sequence attention) is built and checked on
+CPU -- in Triton's interpreter, in the program lowered for CUDA -- but that is not the GPU
+running it. ``auto`` chooses such a path only after its GPU parity test has passed here and
+the result is written into :data:`RECORD` (by hand, from a GPU session's ``summary.txt``; see
+README, "GPU hosts"). Until then ``auto`` takes the XLA path and the GPU-only one stays opt-in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """One passed GPU parity test: when, on which GPU and JAX, and which test."""
+
+    date: str  # ISO date of the run
+    gpu: str  # e.g. "NVIDIA H200"
+    jax: str  # jax version of the run
+    test: str  # the pytest node id that passed
+
+
+#: the GPU-only paths, each with the test that verifies it on a GPU
+PATHS = {
+    "triton_kernels": "tests/kernels/test_triton_gpu.py",
+    "cudnn_packed_attention": "tests/models/test_attention_gpu.py",
+}
+
+#: path -> its passed GPU parity test; empty: the project has not yet run on a GPU
+RECORD: dict[str, Verified] = {}
+
+
+def verified(path: str) -> Verified | None:
+    """The recorded GPU parity result of ``path`` (a key of :data:`PATHS`), or ``None``."""
+    if path not in PATHS:
+        raise KeyError(f"{path!r} is not a GPU-only path ({', '.join(PATHS)})")
+    return RECORD.get(path)
