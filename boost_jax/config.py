@@ -200,7 +200,8 @@ class Parallel:
     attention: str = _field("auto", "attention core: auto (cuDNN flash attention on a GPU in "
                             "bf16, else XLA) | xla | cudnn", NOTE)
     kernels: str = _field("auto", "btp chunk-boundary ops: auto (Triton on a GPU with "
-                          "jax-triton, else XLA) | triton | xla", NOTE)
+                          "jax-triton once the kernels' GPU parity test is recorded in "
+                          "gpu_verified.py, else XLA) | triton | xla", NOTE)
 
     def __post_init__(self):
         _check_types(self)
