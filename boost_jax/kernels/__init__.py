@@ -2,8 +2,11 @@
 
 ``Parallel.kernels`` picks the implementation of BTP's chunk-boundary ops
 (:mod:`boost_jax.kernels.ops`): ``xla`` (the ``jnp`` reference, fused by XLA), ``triton`` (a
-GPU and jax-triton, else a one-line error) or ``auto`` (Triton when both are there, else XLA;
-the choice is logged once). CPU-only installs never import GPU code.
+GPU and jax-triton, else a one-line error) or ``auto``. ``auto`` takes the Triton kernels only
+where a GPU and jax-triton are there *and* the kernels' GPU parity test
+(tests/kernels/test_triton_gpu.py) has passed in this repository, as recorded in
+:mod:`boost_jax.gpu_verified`; else XLA. The choice is logged once, with its reason. CPU-only
+installs never import GPU code.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ import functools
 
 from absl import logging
 
+from boost_jax import gpu_verified
 from boost_jax.config import ConfigError
 
 CHOICES = ("auto", "triton", "xla")
+#: the :data:`boost_jax.gpu_verified.PATHS` entry whose recorded GPU result ``auto`` reads
+VERIFIED_PATH = "triton_kernels"
 
 
 def triton_available() -> bool:
@@ -28,6 +34,18 @@ def triton_available() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def _auto() -> tuple[str, str]:
+    """``auto``'s implementation and the reason for it."""
+    if not triton_available():
+        return "xla", "no GPU with jax-triton"
+    record = gpu_verified.verified(VERIFIED_PATH)
+    if record is None:
+        return "xla", ("the Triton kernels have not passed their GPU parity test here yet "
+                       "(boost_jax/gpu_verified.py); Parallel.kernels='triton' opts in")
+    return "triton", (f"GPU parity test passed on {record.gpu}, jax {record.jax}, "
+                      f"{record.date}")
+
+
 @functools.cache
 def resolve(choice: str) -> str:
     """``Parallel.kernels`` -> the implementation used: ``'triton'`` or ``'xla'``."""
@@ -35,11 +53,13 @@ def resolve(choice: str) -> str:
         raise ConfigError(f"Parallel.kernels={choice!r} is not one of {', '.join(CHOICES)}")
     if choice == "xla":
         return "xla"
-    available = triton_available()
-    if choice == "triton" and not available:
-        raise ConfigError("Parallel.kernels='triton' needs a GPU and jax-triton (pip install "
-                          "-e \".[gpu]\"); use 'auto' or 'xla' here")
-    impl = "triton" if available else "xla"
-    logging.info("Parallel.kernels=%r: BTP chunk-boundary ops run on %s", choice,
-                 "Triton kernels" if impl == "triton" else "XLA (no GPU with jax-triton)")
+    if choice == "triton":
+        if not triton_available():
+            raise ConfigError("Parallel.kernels='triton' needs a GPU and jax-triton (pip "
+                              "install -e \".[gpu]\"); use 'auto' or 'xla' here")
+        impl, why = "triton", "asked for"
+    else:
+        impl, why = _auto()
+    logging.info("Parallel.kernels=%r: BTP chunk-boundary ops run on %s (%s)", choice,
+                 "Triton kernels" if impl == "triton" else "XLA", why)
     return impl

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from boost_jax import gpu_verified, kernels
 from boost_jax.config import ConfigError
 from boost_jax.kernels import ops, resolve, triton_available
 from boost_jax.kernels import reference as ref
@@ -80,3 +81,28 @@ def test_kernel_choice_on_cpu():
         resolve("triton")
     with pytest.raises(ConfigError, match="Parallel.kernels='cuda' is not one of"):
         resolve("cuda")
+
+
+@pytest.fixture
+def pretend_gpu_with_jax_triton(monkeypatch):
+    """``triton_available()`` true (a GPU and jax-triton), the choice cache emptied around."""
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)
+    resolve.cache_clear()
+    yield
+    resolve.cache_clear()
+
+
+def test_auto_takes_triton_only_once_its_gpu_parity_test_is_recorded(
+        pretend_gpu_with_jax_triton, monkeypatch, caplog):
+    """A GPU with jax-triton is not enough for ``auto``: with no recorded GPU parity result it
+    runs XLA (and says why); ``triton`` opts in; a recorded result makes ``auto`` Triton."""
+    monkeypatch.setattr(gpu_verified, "RECORD", {})
+    with caplog.at_level("INFO", logger="absl"):
+        assert resolve("auto") == "xla"
+    assert "not passed their GPU parity test" in caplog.text
+    assert resolve("triton") == "triton"
+    resolve.cache_clear()
+    passed = gpu_verified.Verified("2026-01-01", "NVIDIA H200", "0.11.2",
+                                   gpu_verified.PATHS["triton_kernels"] + "::test_norm_local")
+    monkeypatch.setattr(gpu_verified, "RECORD", {"triton_kernels": passed})
+    assert resolve("auto") == "triton"
