@@ -8,6 +8,13 @@ The math and its derivatives are in :mod:`boost_jax.kernels.reference`. Both ops
 axes (``[b, s, ...]``) and run on ``T = b * s`` rows. ``impl='triton'`` needs a GPU and
 jax-triton (:func:`boost_jax.kernels.resolve` chooses); each kernel launch is one read of
 its inputs and one write of its outputs.
+
+Calls follow ``jax_triton.triton_call`` (0.3.1): the arrays positionally (the kernel's pointers,
+inputs then outputs, in ``out_shape`` order), everything else by keyword -- jax-triton hands
+keyword arguments to Triton as ``tl.constexpr`` values, so they must be plain Python ``int`` /
+``float`` / ``bool`` (Triton cannot make a constant of a NumPy scalar such as ``np.float32``).
+tests/kernels/test_triton_call.py checks these calls on CPU: bound to jax-triton's signature,
+compiled by Triton for sm_90 as jax-triton would, and run in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from boost_jax.kernels import reference as ref
 
@@ -60,7 +66,7 @@ def _norm_fwd_triton(x, gamma, eps):
     x_hat, s, rho = jt.triton_call(
         x, gamma, kernel=tk.norm_local_fwd_kernel,
         out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), f32, f32), grid=_grid(t, width),
-        T=t, D=width, eps=np.float32(eps), BLOCK_T=block_rows(width), BLOCK_D=_pow2(width))
+        T=t, D=width, eps=float(eps), BLOCK_T=block_rows(width), BLOCK_D=_pow2(width))
     return x_hat, s[:, None], rho[:, None]
 
 
@@ -115,7 +121,7 @@ def _recover_fwd_triton(payload, d, eps, act, dtype):
         payload, kernel=tk.recover_fwd_kernel,
         out_shape=(jax.ShapeDtypeStruct((t, c), dtype), jax.ShapeDtypeStruct((t, c), dtype),
                    jax.ShapeDtypeStruct((t,), jnp.float32)),
-        grid=_grid(t, c), T=t, C=c, d=d, eps=np.float32(eps), SILU=act == "silu",
+        grid=_grid(t, c), T=t, C=c, d=int(d), eps=float(eps), SILU=act == "silu",
         BLOCK_T=block_rows(c), BLOCK_C=_pow2(c))
     return y, z, rms[:, None]
 
@@ -126,7 +132,7 @@ def _recover_bwd_triton(z, rms, dy, d, act, payload_dtype):
     return jt.triton_call(
         z, rms.reshape(t), dy, kernel=tk.recover_bwd_kernel,
         out_shape=jax.ShapeDtypeStruct((t, c + 1), payload_dtype), grid=_grid(t, c),
-        T=t, C=c, d=d, SILU=act == "silu", BLOCK_T=block_rows(c), BLOCK_C=_pow2(c))
+        T=t, C=c, d=int(d), SILU=act == "silu", BLOCK_T=block_rows(c), BLOCK_C=_pow2(c))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))

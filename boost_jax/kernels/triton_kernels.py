@@ -3,7 +3,10 @@
 Each program owns ``BLOCK_T`` token rows and the whole feature width (``BLOCK_D`` / ``BLOCK_C``:
 the next power of two, masked), so every input is read once and each row statistic is a
 register reduction. Arrays are row-major 2-D; pointers follow jax-triton's order (inputs, then
-outputs). The same sources run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, torch
+outputs). Every other parameter is a ``tl.constexpr``: ``jax_triton.triton_call`` passes its
+keyword arguments as compile-time constants (ops.py), so the row count, the widths and ``eps``
+are baked into each compiled kernel (one per shape, as XLA compiles one program per shape).
+The same sources run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, torch
 tensors) for the tests on machines without a GPU; this module imports ``triton``, so import it
 only where Triton is installed.
 """
@@ -15,8 +18,9 @@ import triton.language as tl
 
 
 @triton.jit
-def norm_local_fwd_kernel(x_ptr, g_ptr, xh_ptr, s_ptr, rho_ptr, T, D, eps,
-                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def norm_local_fwd_kernel(x_ptr, g_ptr, xh_ptr, s_ptr, rho_ptr, T: tl.constexpr,
+                          D: tl.constexpr, eps: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
     """``x [T, D]``, ``g [D]`` -> ``x_hat [T, D]``, ``s [T]``, ``rho [T]`` (fp32 stats)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_D)
@@ -34,8 +38,9 @@ def norm_local_fwd_kernel(x_ptr, g_ptr, xh_ptr, s_ptr, rho_ptr, T, D, eps,
 
 
 @triton.jit
-def norm_local_bwd_kernel(x_ptr, g_ptr, rho_ptr, dxh_ptr, ds_ptr, dx_ptr, dg_ptr, T, D,
-                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def norm_local_bwd_kernel(x_ptr, g_ptr, rho_ptr, dxh_ptr, ds_ptr, dx_ptr, dg_ptr,
+                          T: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
     """-> ``dx [T, D]`` and this program's partial ``dgamma`` row ``dg [programs, D]`` (fp32;
     the caller sums the rows)."""
     pid = tl.program_id(0)
@@ -62,8 +67,9 @@ def _silu_parts(z):
 
 
 @triton.jit
-def recover_fwd_kernel(p_ptr, y_ptr, z_ptr, rms_ptr, T, C, d, eps,
-                       SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+def recover_fwd_kernel(p_ptr, y_ptr, z_ptr, rms_ptr, T: tl.constexpr, C: tl.constexpr,
+                       d: tl.constexpr, eps: tl.constexpr, SILU: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """``p [T, C + 1]`` -> ``y [T, C]``, ``z [T, C]`` (pre-activation), ``rms [T]`` fp32."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_C)
@@ -85,8 +91,9 @@ def recover_fwd_kernel(p_ptr, y_ptr, z_ptr, rms_ptr, T, C, d, eps,
 
 
 @triton.jit
-def recover_bwd_kernel(z_ptr, rms_ptr, dy_ptr, dp_ptr, T, C, d,
-                       SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+def recover_bwd_kernel(z_ptr, rms_ptr, dy_ptr, dp_ptr, T: tl.constexpr, C: tl.constexpr,
+                       d: tl.constexpr, SILU: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
     """``z``, ``rms``, ``dy [T, C]`` -> ``dp [T, C + 1]`` (latent and statistic cotangents)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_C)

@@ -1,7 +1,10 @@
 """The Triton kernels through jax-triton on a GPU (marker `gpu`; skipped with the reason
 elsewhere): each op against its XLA version on fresh random inputs, forward and gradients,
 fp32 to 1e-5 and bf16 to 1e-2; and a BTP TP=1 training step with ``Parallel.kernels='triton'``
-equal to ``'xla'`` to bf16 tolerance."""
+equal to ``'xla'`` to bf16 tolerance. Also: jax-triton's ``triton_call`` takes what ops.py's calls
+were checked against on CPU (tests/kernels/test_triton_call.py)."""
+
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,7 @@ import pytest
 from boost_jax.kernels import ops
 from boost_jax.testing import norm_rel_err, tiny, tree_rel_err
 from tests.gpu import gpu_device, needs_jax_triton
+from tests.kernels.triton_cpu import triton_call_0_3_1
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-6
@@ -22,6 +26,17 @@ def gpu():
     device = gpu_device()
     needs_jax_triton()
     return device
+
+
+def test_jax_triton_takes_the_pinned_signature():
+    """The installed jax-triton's ``triton_call`` has jax-triton 0.3.1's parameters (kinds and
+    defaults), the signature the CPU tests bind ops.py's calls to."""
+    needs_jax_triton()
+    import jax_triton
+
+    params = lambda f: [(p.name, p.kind, p.default)  # noqa: E731
+                        for p in inspect.signature(f).parameters.values()]
+    assert params(jax_triton.triton_call) == params(triton_call_0_3_1)
 
 
 def fresh(shape, dtype, positive_last=False):

@@ -1,23 +1,20 @@
 """The Triton sources run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, torch tensors)
 against the ``jnp`` reference: fp32 to 1e-5 and bf16 to 1e-2, forward and backward, widths
-that are not powers of two and a row count that is not a multiple of the block. Runs where
-triton and torch are installed (not in CI; the GPU path is tests/kernels/test_triton_gpu.py)."""
+that are not powers of two and a row count that is not a multiple of the block. Needs triton
+and torch: skipped without them, a failure with ``BOOST_JAX_REQUIRE_TRITON=1`` (CI). The
+jax-triton calls of ops.py are tests/kernels/test_triton_call.py, the GPU path
+tests/kernels/test_triton_gpu.py."""
 
-import os
-
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+from boost_jax.kernels import reference as ref
+from boost_jax.kernels.ops import _pow2, block_rows
+from boost_jax.testing import rel_err
+from tests.kernels.triton_cpu import interpreted_kernels
 
-import jax.numpy as jnp  # noqa: E402
-
-from boost_jax.kernels import reference as ref  # noqa: E402
-from boost_jax.kernels import triton_kernels as tk  # noqa: E402
-from boost_jax.kernels.ops import _pow2, block_rows  # noqa: E402
-from boost_jax.testing import rel_err  # noqa: E402
+torch, tk = interpreted_kernels()
 
 EPS = 1e-6
 T, D, C, D_MODEL = 13, 40, 3 * 12, 160
