@@ -3,7 +3,12 @@ machines (jax 0.11.x), resolved in one place."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 def save_only_these_names(*names: str):
@@ -45,3 +50,121 @@ def all_gather_invariant(x: jax.Array, axis_name: str, axis: int) -> jax.Array:
     if fn is not None:  # pragma: no cover - not in jax 0.10
         return fn(x, axis_name, axis=axis, tiled=True)
     return jax.lax.all_gather(x, axis_name, axis=axis, tiled=True, to="invarying")
+
+
+# --- cuDNN attention through JAX's private module (jax._src.cudnn.fused_attention_stablehlo) ---
+
+#: the parameters of the private ``dot_product_attention`` that :func:`cudnn_packed_attention`
+#: passes (by keyword); the same in jax 0.10.2, 0.11.2 and 0.12.0.1 (0.12 adds ``score_mod*``)
+CUDNN_PACKED_PARAMS = ("query", "key", "value", "q_seqlen", "kv_seqlen", "q_offsets",
+                       "kv_offsets", "scale", "mask_type", "qkv_layout")
+#: the private functions :func:`cudnn_trace_standin` replaces
+CUDNN_TRACE_CHECKS = ("check_cudnn_version", "check_compute_capability")
+
+
+def _cudnn_module():
+    """``jax._src.cudnn.fused_attention_stablehlo``, or a clear error naming this JAX."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+    except ImportError as err:  # pragma: no cover - depends on the JAX version
+        raise ImportError(f"jax {jax.__version__} has no jax._src.cudnn.fused_attention_"
+                          f"stablehlo (written for jax 0.10.2 to 0.12.0.1): {err}") from err
+    return fa
+
+
+def cudnn_packed_signature_problem() -> str | None:
+    """Why :func:`cudnn_packed_attention` cannot call this JAX's private cuDNN attention
+    (``None``: it can): a parameter it passes or ``MaskType.PADDING_CAUSAL`` moved."""
+    import inspect
+
+    try:
+        fa = _cudnn_module()
+    except ImportError as err:
+        return str(err)
+    fn = getattr(fa, "dot_product_attention", None)
+    if fn is None:
+        return "jax._src.cudnn.fused_attention_stablehlo.dot_product_attention is gone"
+    params = inspect.signature(fn).parameters
+    missing = [p for p in CUDNN_PACKED_PARAMS if p not in params]
+    if missing:
+        return (f"jax._src.cudnn.fused_attention_stablehlo.dot_product_attention has no "
+                f"parameter {', '.join(missing)}")
+    if not hasattr(getattr(fa, "MaskType", None), "PADDING_CAUSAL"):
+        return "jax._src.cudnn.fused_attention_stablehlo.MaskType.PADDING_CAUSAL is gone"
+    return None
+
+
+def cudnn_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array,
+                           offsets: jax.Array, scale: float) -> jax.Array:
+    """Causal cuDNN flash attention over packed rows, each row a run of segments attending
+    only within themselves (cuDNN's packed, "ragged" layout; needs Hopper or newer).
+
+    JAX has no public API for it: this calls the private
+    ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`` (checked on jax 0.10.2,
+    0.11.2 and 0.12.0.1, where the parameters it passes are the same), and raises a clear
+    error where they moved (:func:`cudnn_packed_signature_problem`). Where this JAX
+    mis-strides grouped key/value heads (:func:`cudnn_packed_gqa_native`: jax 0.10.2), the
+    key/value heads are repeated to the query's.
+
+    Args:
+      q: ``[B, T, N, H]`` bf16/f16; k, v: ``[B, T, K, H]`` with ``N % K == 0`` (GQA).
+      seqlens: int32 ``[B, M]``: each row's segment lengths, then ``-1``.
+      offsets: int32 ``[B, M + 1]``: each row's segment starts (token index in the row), then
+        ``-1`` (the last column always ``-1``). ``M``: the static bound on segments per row.
+      scale: the logits' scale (``1 / sqrt(H)``).
+    Returns:
+      ``[B, T, N, H]`` in q's dtype; tokens outside every segment are undefined.
+    """
+    problem = cudnn_packed_signature_problem()
+    if problem is not None:
+        raise RuntimeError(f"cuDNN packed attention: {problem} (jax {jax.__version__}; "
+                           "written for jax 0.10.2 to 0.12.0.1): use Parallel.attention='xla'")
+    fa = _cudnn_module()
+    if k.shape[2] != q.shape[2] and not cudnn_packed_gqa_native():
+        rep = q.shape[2] // k.shape[2]  # this JAX strides kv offsets by the query's heads
+        k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+    return fa.dot_product_attention(
+        query=q, key=k, value=v, q_seqlen=seqlens, kv_seqlen=seqlens, q_offsets=offsets,
+        kv_offsets=offsets, scale=scale, mask_type=fa.MaskType.PADDING_CAUSAL,
+        qkv_layout="BTNH")
+
+
+@functools.cache
+def cudnn_packed_gqa_native() -> bool:
+    """Whether this JAX's packed cuDNN attention strides the key/value segment offsets by the
+    key's heads (GQA as is). jax 0.10.2 strides them by the query's (fixed in jax PR #39521,
+    in 0.11.2 and 0.12.0.1): a silently wrong result, so :func:`cudnn_packed_attention`
+    repeats the key/value heads there. Probed on the private ``_fix_seqlen_offsets`` (2 query
+    heads, 1 key head, head dim 8, segments at 0 and 1): ``False`` too where it moved."""
+    fix = getattr(_cudnn_module(), "_fix_seqlen_offsets", None)
+    if fix is None:
+        return False
+    lens, offs = np.array([[1, 1]], np.int32), np.array([[0, 1, -1]], np.int32)
+    with jax.ensure_compile_time_eval():
+        kv_offsets = fix(lens, lens, offs, offs, jnp.zeros((1, 2, 2, 8), jnp.bfloat16),
+                         jnp.zeros((1, 2, 1, 8), jnp.bfloat16))[3]
+    return int(np.asarray(kv_offsets).ravel()[1]) == 8
+
+
+@contextlib.contextmanager
+def cudnn_trace_standin(cudnn_version: int = 91000):
+    """For lowering cuDNN attention for CUDA on a host without cuDNN or a GPU (tests, the
+    CUDA-lowered program of analysis/lowered.py): never for running it.
+
+    JAX's cuDNN attention checks at trace time that cuDNN is installed
+    (``check_cudnn_version``, which raises "cuDNN is not detected" on a CPU-only jaxlib) and
+    the GPU's compute capability (``check_compute_capability``, False without a GPU backend,
+    which refuses the packed layout). Inside this context both private functions of
+    ``jax._src.cudnn.fused_attention_stablehlo`` answer as a Hopper GPU with cuDNN
+    ``cudnn_version`` would; they are restored on exit. Raises AttributeError where this JAX
+    has moved them (checked on jax 0.10.2 and 0.12.0.1).
+    """
+    fa = _cudnn_module()
+    saved = {name: getattr(fa, name) for name in CUDNN_TRACE_CHECKS}  # AttributeError: moved
+    fa.check_cudnn_version = lambda: cudnn_version
+    fa.check_compute_capability = lambda capability: True
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(fa, name, fn)

@@ -9,6 +9,12 @@ token belongs to which (``ids``, 0 = padding) and where it sits in its document
 (``positions``). A token then attends only to earlier tokens of its own segment, and RoPE rotates
 by its position in the document, so each document is computed exactly as if it were alone.
 
+On a GPU, ``Parallel.attention`` picks the core (:func:`resolve_attention`): cuDNN flash
+attention through JAX's public API for unpacked rows; for packed rows, cuDNN's packed
+("ragged") layout, which takes each row's segment offsets and lengths instead of a dense
+``[batch, 1, seq, seq]`` mask (:func:`packed_layout`, boost_jax/compat.py
+:func:`~boost_jax.compat.cudnn_packed_attention`); or XLA's attention.
+
 Generation (models/decode.py) runs :func:`cached_attention`: new tokens at explicit positions
 write their rotated keys and values into a per-layer cache and attend to every cached position
 up to their own.
@@ -22,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from boost_jax import compat, gpu_verified
 from boost_jax.config import ConfigError
 from boost_jax.models.rope import apply_rope, rope_tables
 
@@ -49,9 +56,58 @@ def _rotate(q: jax.Array, k: jax.Array, theta: float, segments: Segments | None)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
-def resolve_attention(choice: str, dtype, platform: str) -> str:
-    """``Parallel.attention`` -> the implementation used (``'xla'`` or ``'cudnn'``) for the
-    compute ``dtype`` on ``platform`` (``jax.default_backend()``); ``auto`` logs its choice."""
+#: the static bound on segments per packed row on cuDNN's packed path, with
+#: :func:`max_segments`: see there
+MAX_SEGMENTS = 64
+
+
+def max_segments(seq: int) -> int:
+    """The static bound ``M`` on segments per packed row of ``seq`` tokens that cuDNN's packed
+    path is built for: ``min(seq, MAX_SEGMENTS)``.
+
+    A segment is a run of equal ids: a document, or the padding at a row's end. Only ``seq``
+    bounds them for sure (a one-token document is possible), but cuDNN's softmax statistics
+    are ``[batch * M, heads, seq]`` fp32, as large as a dense mask when ``M ~ seq``; so ``M``
+    is capped, and a row with more segments gets a NaN attention output (the step is then
+    reported not finite, ``Train.nonfinite``) rather than a wrong one.
+    """
+    return min(seq, MAX_SEGMENTS)
+
+
+def packed_layout(ids: jax.Array, bound: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """cuDNN's packed layout of rows whose segments are runs of equal ``ids``.
+
+    Args:
+      ids: int32 ``[batch, seq]`` segment ids (runs of equal id; 0 = padding, a run too).
+      bound: ``M``, the static bound on runs per row.
+    Returns:
+      ``(seqlens, offsets, overflow)``: int32 ``[batch, M]`` run lengths then ``-1``; int32
+      ``[batch, M + 1]`` run starts then ``-1``; bool ``[batch]``, rows with more than ``M``
+      runs (only their first ``M`` are listed, so the other rows stay aligned).
+    """
+    b, s = ids.shape
+    starts = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    run = jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1  # [b, s]: each token's run
+    count = run[:, -1] + 1
+    slots = jnp.arange(bound, dtype=jnp.int32)
+    lengths = jnp.sum(run[:, :, None] == slots, axis=1, dtype=jnp.int32)  # [b, M]
+    listed = slots < count[:, None]
+    seqlens = jnp.where(listed, lengths, -1)
+    offsets = jnp.where(listed, jnp.cumsum(lengths, axis=1, dtype=jnp.int32) - lengths, -1)
+    offsets = jnp.concatenate([offsets, jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    return seqlens, offsets, count > bound
+
+
+def resolve_attention(choice: str, dtype, platform: str) -> tuple[str, str]:
+    """``Parallel.attention`` -> the implementations used, ``(unpacked rows, packed rows)``,
+    each ``'xla'`` or ``'cudnn'``, for the compute ``dtype`` on ``platform``
+    (``jax.default_backend()``).
+
+    ``cudnn`` needs a GPU and a 16-bit dtype (ConfigError otherwise). ``auto`` on a GPU in a
+    16-bit dtype takes cuDNN for unpacked rows (JAX's public path), and for packed rows
+    cuDNN's packed path only once its GPU parity test is recorded in boost_jax/gpu_verified.py
+    (``cudnn_packed_attention``), else XLA; it logs its choice once.
+    """
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if choice == "cudnn":
         if platform != "gpu":
@@ -60,18 +116,24 @@ def resolve_attention(choice: str, dtype, platform: str) -> str:
         if not half:
             raise ConfigError("Parallel.attention='cudnn' needs a 16-bit compute dtype: set "
                               "Train.dtype='bfloat16', or use 'auto' or 'xla'")
-        return "cudnn"
+        return "cudnn", "cudnn"
     if choice == "auto":
-        impl = "cudnn" if platform == "gpu" and half else "xla"
-        logging.log_first_n(logging.INFO, "Parallel.attention='auto': %s attention (%s, %s)",
-                            1, impl, platform, jnp.dtype(dtype).name)
-        return impl
-    return "xla"
+        unpacked = "cudnn" if platform == "gpu" and half else "xla"
+        record = gpu_verified.verified("cudnn_packed_attention")
+        packed = "cudnn" if unpacked == "cudnn" and record is not None else "xla"
+        why = ("" if unpacked == "xla" else
+               f", its GPU parity test passed on {record.gpu} {record.date}" if record else
+               ", cuDNN's packed path has no GPU parity record in boost_jax/gpu_verified.py")
+        logging.log_first_n(logging.INFO, "Parallel.attention='auto': %s attention for "
+                            "unpacked rows, %s for packed rows (%s, %s%s)", 1, unpacked,
+                            packed, platform, jnp.dtype(dtype).name, why)
+        return unpacked, packed
+    return "xla", "xla"
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, theta: float,
-                     segments: Segments | None = None, implementation: str = "xla"
-                     ) -> jax.Array:
+                     segments: Segments | None = None, implementation: str = "xla",
+                     bound: int | None = None) -> jax.Array:
     """RoPE + causal softmax attention (within segments when ``segments`` is given).
 
     Args:
@@ -80,15 +142,22 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, theta: float,
       theta: RoPE base.
       segments: the packed rows' document layout, or ``None`` (one sequence per row).
       implementation: ``xla`` or ``cudnn`` (flash attention on a GPU, 16-bit inputs; packed
-        rows pass their ``[batch, 1, seq, seq]`` segment mask to it).
+        rows take cuDNN's packed layout, no dense mask: :func:`packed_layout`).
+      bound: cuDNN's packed path: the static bound on segments per row (``None``:
+        :func:`max_segments`); a row with more gets NaN outputs.
     Returns:
       ``[batch, seq, heads * head_dim]``, in the dtype of ``q``.
     """
     b, s, h, dh = q.shape
     q, k = _rotate(q, k, theta, segments)
-    out = jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segments), is_causal=True,
-                                       implementation=None if implementation == "xla"
-                                       else implementation)
+    if implementation == "cudnn" and segments is not None:
+        seqlens, offsets, overflow = packed_layout(segments.ids, bound or max_segments(s))
+        out = compat.cudnn_packed_attention(q, k, v, seqlens, offsets, scale=dh ** -0.5)
+        out = jnp.where(overflow[:, None, None, None], jnp.nan, out)
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segments), is_causal=True,
+                                           implementation=None if implementation == "xla"
+                                           else implementation)
     return out.reshape(b, s, h * dh).astype(q.dtype)
 
 

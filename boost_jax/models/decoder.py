@@ -52,7 +52,8 @@ class Block(nnx.Module):
         document layout of packed rows (models/attention.py), or ``None``.
         """
         def attend(q, k, v):
-            out = causal_attention(q, k, v, self.theta, segments, plan.attention)
+            impl = plan.attention if segments is None else plan.packed_attention
+            out = causal_attention(q, k, v, self.theta, segments, impl)
             return tag(out, ATTENTION), None
 
         h, latents, _ = self._apply(h, cross, plan, attend)

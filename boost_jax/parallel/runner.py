@@ -90,8 +90,8 @@ class ShardedModel:
                  gspmd: bool = False):
         self.cfg, self.parallel, self.mesh, self.dtype = model, parallel, mesh, jnp.dtype(dtype)
         self.plan = get_plan(parallel)
-        self.plan.attention = resolve_attention(parallel.attention, self.dtype,
-                                                mesh.devices.flat[0].platform)
+        self.plan.attention, self.plan.packed_attention = resolve_attention(
+            parallel.attention, self.dtype, mesh.devices.flat[0].platform)
         #: the baseline a JAX user has for free: the parameter shardings only, the model run
         #: as one global program under jit, and GSPMD choosing every collective
         self.gspmd = gspmd

@@ -90,9 +90,9 @@ class Plan:
         self.remat = remat
         #: FSDP's per-layer gather (parallel/zero.py), installed by the runner; None: identity
         self.layer_gather: Callable[[Any], Any] | None = None
-        #: the attention core's implementation, ``xla`` or ``cudnn`` (set by the runner from
-        #: ``Parallel.attention``, the compute dtype and the platform)
-        self.attention = "xla"
+        #: the attention core's implementation for unpacked / packed rows, ``xla`` or ``cudnn``
+        #: (set by the runner from ``Parallel.attention``, the compute dtype and the platform)
+        self.attention = self.packed_attention = "xla"
 
     def check(self, model: Model, tensor: int) -> None:
         """Raise ConfigError if ``model`` cannot run under this plan at TP degree ``tensor``."""
