@@ -157,7 +157,7 @@ def cudnn_trace_standin(cudnn_version: int = 91000):
     which refuses the packed layout). Inside this context both private functions of
     ``jax._src.cudnn.fused_attention_stablehlo`` answer as a Hopper GPU with cuDNN
     ``cudnn_version`` would; they are restored on exit. Raises AttributeError where this JAX
-    has moved them (checked on jax 0.10.2 and 0.12.0.1).
+    has moved them (checked on jax 0.10.2, 0.11.2 and 0.12.0.1).
     """
     fa = _cudnn_module()
     saved = {name: getattr(fa, name) for name in CUDNN_TRACE_CHECKS}  # AttributeError: moved
