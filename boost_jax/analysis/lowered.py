@@ -39,6 +39,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "coll
 _OP = re.compile(r'^[ \t]*(?:%[\w.$-]+(?::\d+)?(?:[ \t]*,[ \t]*%[\w.$-]+(?::\d+)?)*[ \t]*=[ \t]*)?'
                  r'(?P<q>"?)(?P<op>[a-z_][\w]*\.[\w.$]+)(?P=q)', re.MULTILINE)
 _TENSOR = re.compile(r"tensor<([^<>]*)>")
+_DIMS = re.compile(r"((?:(?:\d+|\?)x)*)(.*)")
 _TARGET = re.compile(r'^\s*@"?([^\s("]+)"?|call_target_name\s*=\s*"([^"]+)"')
 _MESH = re.compile(r"sdy\.mesh\s+@([\w.$-]+)\s*=\s*<\[([^\]]*)\](?:,\s*device_ids=\[([\d,\s]*)\])?")
 _DENSE_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)\s*=\s*dense<(.*?)>\s*:"
@@ -149,9 +150,9 @@ def _statement(text: str, start: int) -> tuple[str, str | None]:
 def _types(text: str) -> tuple[Tensor, ...]:
     out = []
     for body in _TENSOR.findall(text):
-        parts = body.split(",")[0].strip().split("x")
-        dims = tuple(-1 if d == "?" else int(d) for d in parts[:-1])
-        out.append(Tensor(dims, parts[-1]))
+        m = _DIMS.match(body.split(",")[0].strip())  # `4x8xbf16`, `bf16`, `4xindex`
+        dims = tuple(-1 if d == "?" else int(d) for d in m.group(1).split("x")[:-1])
+        out.append(Tensor(dims, m.group(2)))
     return tuple(out)
 
 

@@ -5,10 +5,26 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from boost_jax import compat, gpu_verified
 from boost_jax.analysis import lowered
+from boost_jax.config import Parallel, Train
+from boost_jax.models.attention import max_segments, resolve_attention
+from boost_jax.parallel.mesh import make_mesh
+from boost_jax.parallel.runner import ShardedModel
+from boost_jax.testing import tiny
+from boost_jax.train.optim import make_optimizer
+from boost_jax.train.signals import STOP_SIGNALS
+from boost_jax.train.step import (
+    STOP_SPEC,
+    abstract_batch,
+    abstract_state,
+    make_grad_fn,
+    make_train_step,
+)
 
 _TEXT = """\
 module @jit_f attributes {mhlo.num_partitions = 8 : i32} {
@@ -68,3 +84,93 @@ def test_parser_on_shard_map_collectives():
     assert got == [("all_reduce", ("tensor",), 4, (8, 8), (8, 8), "bf16", 128),
                    ("all_gather", ("data",), 2, (8, 8), (16, 8), "f32", 512),
                    ("reduce_scatter", ("data", "tensor"), 8, (8, 8), (1, 8), "f32", 256)]
+
+
+# --- the model lowered for CUDA, cuDNN attention traced under compat.cudnn_trace_standin ---
+
+SEQ = 96  # no other dim of the tiny model: an s x s pair can only be a mask or a bias
+BATCH = 8
+FMHA = {"__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"}
+
+
+def _model(parallel: Parallel, arch: str = "cola", attention=("cudnn", "cudnn")) -> ShardedModel:
+    """The tiny model in bf16 on the first devices, its attention set as on a GPU."""
+    mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
+    model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16)
+    model.plan.attention, model.plan.packed_attention = attention
+    return model
+
+
+def _grad_ops(model: ShardedModel, packed: bool) -> tuple[list[lowered.Op], str]:
+    """The ops of the bf16 loss-and-gradients program lowered for CUDA (and its text)."""
+    params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          model.param_shapes(), model.param_shardings)
+    with compat.cudnn_trace_standin():
+        text = lowered.cuda_lowered_text(make_grad_fn(model), params,
+                                         abstract_batch(model, BATCH, SEQ, packed))
+    return lowered.parse_ops(text), text
+
+
+def _fmha(ops: list[lowered.Op]) -> dict[str, lowered.Op]:
+    return {op.target: op for op in lowered.custom_calls(ops, "__cudnn$fmha")}
+
+
+def _dense_pairs(text: str) -> list[lowered.Tensor]:
+    """Every tensor of the program whose last two dims are ``seq x seq``."""
+    return [t for t in lowered.tensors(text) if t.shape[-2:] == (SEQ, SEQ)]
+
+
+def test_cudnn_unpacked_rows_lower_to_cudnn():
+    ops, text = _grad_ops(_model(Parallel()), packed=False)
+    assert set(_fmha(ops)) == FMHA
+    assert not _dense_pairs(text)
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_auto_packed_rows_on_a_gpu(monkeypatch, recorded):
+    """``auto`` in bf16 on a GPU: packed rows run XLA's attention (an s x s mask, no cuDNN
+    call) until cuDNN's packed path has a GPU parity record; then its packed call."""
+    record = {"cudnn_packed_attention": gpu_verified.Verified(
+        "2026-12-01", "NVIDIA H200", "0.11.2", "tests/models/test_attention_gpu.py")}
+    monkeypatch.setattr(gpu_verified, "RECORD", record if recorded else {})
+    choice = resolve_attention("auto", jnp.bfloat16, "gpu")
+    ops, text = _grad_ops(_model(Parallel(), attention=choice), packed=True)
+    assert set(_fmha(ops)) == (FMHA if recorded else set())
+    assert bool(_dense_pairs(text)) is not recorded
+
+
+#: (arch, plan, data, tensor): each tensor-parallel plan on the 8 devices
+PLANS = [("cola", "none", 8, 1), ("dense", "fullrank", 2, 4), ("cola", "vanilla", 2, 4),
+         ("cola", "btp", 2, 4)]
+
+
+def _local_param_shapes(model: ShardedModel) -> set[tuple[int, ...]]:
+    return {sh.shard_shape(s.shape) for s, sh in zip(jax.tree.leaves(model.param_shapes()),
+                                                     jax.tree.leaves(model.param_shardings))}
+
+
+@pytest.mark.parametrize("arch, plan, data, tensor", PLANS)
+def test_bf16_train_step_per_plan(arch, plan, data, tensor):
+    """The bf16 train step of each plan on packed rows, ``Parallel.attention='cudnn'``:
+    cuDNN's packed attention forward and backward (segment lengths ``[b, M]`` and offsets
+    ``[b, M + 1]``), no ``seq x seq`` mask or bias anywhere, and no fp32 collective of a
+    parameter's size but the gradients' reduction over ``data``."""
+    model = _model(Parallel(data=data, tensor=tensor, tp_plan=plan), arch)
+    opt = make_optimizer(Train(dtype="bfloat16"))
+    stop = jax.ShapeDtypeStruct((model.mesh.size, len(STOP_SIGNALS)), jnp.float32,
+                                sharding=NamedSharding(model.mesh, STOP_SPEC))
+    with compat.cudnn_trace_standin():
+        text = lowered.cuda_lowered_text(make_train_step(model, opt), abstract_state(model, opt),
+                                         abstract_batch(model, BATCH, SEQ, True), stop)
+    ops = lowered.parse_ops(text)
+    fmha = _fmha(ops)
+    assert set(fmha) == FMHA
+    b, m = BATCH // data, max_segments(SEQ)
+    for op in fmha.values():
+        assert [t.shape for t in op.operands if t.dtype == "i32"] == [(b, m)] * 2 + [(b, m + 1)] * 2
+    assert not _dense_pairs(text)
+    params = _local_param_shapes(model)
+    fp32 = [(op.kind, op.axes, op.operands[0].shape) for op in lowered.collectives(ops)
+            if "f32" in op.dtypes and {op.operands[0].shape, op.results[0].shape} & params]
+    assert fp32 and all(kind in ("all_reduce", "reduce_scatter") and axes == ("data",)
+                        for kind, axes, _ in fp32), fp32
