@@ -6,7 +6,8 @@
 #   tests  the GPU-only tests (BOOST_JAX_GPU_TESTS=1 pytest -m gpu), then the whole suite
 #   step   bench step at the 1B shape: dense (fullrank) and svd/cola/lax (btp, TP=1), remat
 #          none / lowrank, bf16, seq 4096, batch 4 (the paper's 1B row), median of 10 steps,
-#          with the performance model's prediction for the same configuration beside it
+#          with the performance model's prediction for the same configuration beside it, on
+#          the hardware profile of the GPU found (h200 on an H200, else h100_sxm)
 #   micro  bench gpu: cuDNN vs XLA attention at seq 4096, Triton kernels vs XLA, profile
 #   flags  one CoLA 1B step time per candidate XLA flag (boost_jax.gpu_settings), on and off
 #   all    = step,micro,tests,flags (most wanted first)
@@ -18,15 +19,29 @@
 # skipped.txt, and whatever was written comes back in OUT_DIR/results.tgz (the device returns
 # at most 8 files) with summary.txt, the tables, beside it.
 #
-# The GPU image has no package index: the packages it lacks travel as wheels, downloaded where
-# pip works, for the image's Python 3.12 (echo /wheels312/ >> .git/info/exclude, then carry
-# wheels312):
+# Environment (defaults in brackets): BUDGET_S [560]; PYTHON [python3]; HARDWARE, the
+# performance model's profile [from nvidia-smi: h200 on an H200, else h100_sxm]; the shape of
+# step and flags: MODEL_SIZE [1b], LAYERS [24; lower it if a row runs out of memory], SEQ_LEN
+# [4096], BATCH [4], STEPS [10]; the rows of step: ARCHS ["cola dense svd lax"], REMATS ["none
+# lowrank"; dense takes full for lowrank]; SITE [/tmp/boost_jax_site].
+#
+# The GPU image (Python 3.12, jax 0.11.2 + jax-cuda13-plugin, triton 3.6.0, torch, flax, optax,
+# orbax, transformers, tokenizers, sentencepiece, tiktoken) has no package index: what
+# boost_jax imports and the image lacks travels as cp312 wheels, downloaded where pip works
+# (echo /wheels312/ >> .git/info/exclude, then carry wheels312; 29 MB):
 #   pip download --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-#     --platform manylinux_2_17_x86_64 -d wheels312 grain==0.2.18 array-record==0.8.6 \
-#     portpicker==1.6.0 gin-config==0.5.0 jax-triton==0.3.1 tensorboardX
-# They go into $SITE (not the image's environment), which joins this checkout on PYTHONPATH,
-# so nothing is built.
+#     --platform manylinux_2_17_x86_64 -d wheels312 \
+#     grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 psutil==7.2.2 gin-config==0.5.0 \
+#     jax-triton==0.3.1 tensorboardX==2.6.5 matplotlib==3.11.2 contourpy==1.3.3 \
+#     cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 pyparsing==3.3.3 \
+#     python-dateutil==2.9.0.post0 six==1.17.0
+# (grain needs array-record and portpicker, portpicker psutil; jax-triton 0.3.1 needs
+# jax>=0.8.2 and triton>=3.6, which the image's 0.11.2 and 3.6.0 meet; bench step draws its
+# figures with matplotlib, the trainer writes TensorBoard events with tensorboardX.) They go
+# into $SITE (not the image's environment), which joins this checkout on PYTHONPATH, so
+# nothing is built; device.txt lists any module still missing. Without wheels312 (a CPU
+# host, or an image that has them all) nothing is installed.
 set -uo pipefail
 usage="usage: launch/gpu_session.sh tests|step|micro|flags|all[,...] OUT_DIR"
 stages="${1:?$usage}"
@@ -43,11 +58,18 @@ work="$(mktemp -d)/results"
 mkdir -p "$work"
 deadline=$((SECONDS + ${BUDGET_S:-560}))
 py="${PYTHON:-python3}"
-layers="${LAYERS:-24}"  # the 1B preset's 24 layers; lower it if a row runs out of memory
-shape=(--gin_param="Model.size='1b'" --gin_param="Model.n_layers=$layers"
+steps="${STEPS:-10}"
+shape=(--gin_param="Model.size='${MODEL_SIZE:-1b}'" --gin_param="Model.n_layers=${LAYERS:-24}"
        --gin_param="Parallel.data=1" --gin_param="Parallel.tensor=1"
-       --gin_param="Train.batch_size=4" --gin_param="Train.seq_len=4096"
+       --gin_param="Train.batch_size=${BATCH:-4}" --gin_param="Train.seq_len=${SEQ_LEN:-4096}"
        --gin_param="Train.dtype='bfloat16'")
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+if [[ -z ${HARDWARE:-} ]]; then  # the performance model's profile (analysis/hardware.py)
+  case "$gpu" in
+    *H200*) HARDWARE=h200 ;;
+    *) HARDWARE=h100_sxm ;;  # an H100, and the nearest profile for anything else
+  esac
+fi
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/boost_jax_jax_cache}"
 site="${SITE:-/tmp/boost_jax_site}"
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -55,6 +77,7 @@ export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 pack() {  # the tables beside the archive of everything
   cat "$work"/*.txt > "$out/summary.txt" 2>/dev/null
   tar czf "$out/results.tgz" -C "$(dirname "$work")" results
+  rm -rf "$(dirname "$work")"
 }
 trap pack EXIT
 
@@ -69,14 +92,28 @@ timed() {  # timed NAME CMD...: CMD under the time left, its output in NAME.txt
   timeout "$left" "$@" 2>&1 | tee -a "$work/$name.txt" | tail -15
 }
 
-setup() {
-  if [[ -d wheels312 ]]; then
+setup() {  # the wheels (when there are any), then what this host is and still lacks
+  if compgen -G "wheels312/*.whl" > /dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
       wheels312/*.whl || exit 1
   fi
-  nvidia-smi -L | tee "$work/device.txt"
-  "$py" -c "import jax, jax_triton; print(jax.__version__, jax.devices())" \
-    | tee -a "$work/device.txt"
+  {
+    echo "gpu: ${gpu:-none found}; performance model profile: $HARDWARE"
+    "$py" - <<'PY'
+import importlib
+import jax
+print("jax", jax.__version__, jax.devices())
+names = ("grain", "gin", "tensorboardX", "matplotlib", "psutil", "jax_triton", "triton",
+         "sentencepiece", "tokenizers", "safetensors", "tqdm", "orbax.checkpoint")
+missing = []
+for name in names:
+    try:
+        importlib.import_module(name)
+    except Exception as err:  # jax_triton raises ImportError without a GPU jaxlib
+        missing.append(f"{name} ({type(err).__name__}: {str(err).splitlines()[0][:80]})")
+print("missing:", ", ".join(missing) or "none")
+PY
+  } 2>&1 | tee "$work/device.txt"
 }
 
 tests() {
@@ -86,14 +123,15 @@ tests() {
 
 step() {
   eval "$("$py" -m boost_jax.gpu_settings --shell)"
-  for arch in cola dense svd lax; do
+  for arch in ${ARCHS:-cola dense svd lax}; do
     plan=btp; [[ $arch == dense ]] && plan=fullrank
-    for remat in none lowrank; do
+    for remat in ${REMATS:-none lowrank}; do
       [[ $arch == dense && $remat == lowrank ]] && remat=full
       name="step_${arch}_${remat}"
-      timed "$name" "$py" -m boost_jax.bench step --plans=$plan --steps=10 --out="$work/$name" \
-        "${shape[@]}" --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'"
-      timed "${name}_model" "$py" -m boost_jax.bench model --hardware=h100_sxm "${shape[@]}" \
+      timed "$name" "$py" -m boost_jax.bench step --plans=$plan --steps="$steps" \
+        --out="$work/$name" "${shape[@]}" --gin_param="Model.arch='$arch'" \
+        --gin_param="Parallel.remat='$remat'"
+      timed "${name}_model" "$py" -m boost_jax.bench model --hardware="$HARDWARE" "${shape[@]}" \
         --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
         --gin_param="Parallel.tp_plan='$plan'"
     done
@@ -113,7 +151,8 @@ flags() {
   for flag in "" $candidates; do
     name="flags_${flag#--}"
     XLA_FLAGS="$base $flag" timed "${name//=/_}" "$py" -m boost_jax.bench step \
-      --plans=btp --steps=10 --out="$work/flags" "${shape[@]}" --gin_param="Model.arch='cola'"
+      --plans=btp --steps="$steps" --out="$work/flags" "${shape[@]}" \
+      --gin_param="Model.arch='cola'"
   done
 }
 

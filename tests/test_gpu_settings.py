@@ -55,3 +55,40 @@ def test_gpu_session_script_keeps_to_its_budget(tmp_path):
     candidates = [f for f in gpu_settings.FLAGS_LIST if f.status == "candidate"]
     assert len(skipped) == 2 + len(candidates)  # micro, the baseline, each candidate
     assert all("not started" in line for line in skipped)
+
+
+def test_gpu_session_runs_the_step_stage_on_cpu(tmp_path):
+    """launch/gpu_session.sh step for real, at a tiny shape (MODEL_SIZE, LAYERS, SEQ_LEN, BATCH,
+    STEPS, ARCHS, REMATS) on the CPU without wheels: nvidia-smi (a stand-in) names an H200, so
+    the performance model predicts on the h200 profile; the measured row, the prediction and
+    bench.json come back in summary.txt and results.tgz."""
+    import json
+    import os
+    import re
+    import tarfile
+    from pathlib import Path
+
+    repo = Path(__file__).parents[1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    smi.chmod(0o755)
+    env = dict(os.environ, PYTHON=sys.executable, BUDGET_S="240", MODEL_SIZE="tiny",
+               LAYERS="2", SEQ_LEN="32", BATCH="2", STEPS="2", ARCHS="cola", REMATS="none",
+               SITE=str(tmp_path / "site"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env.pop("HARDWARE", None)
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(repo / "launch" / "gpu_session.sh"), "step", str(out)],
+                          capture_output=True, text=True, env=env, cwd=repo, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert "gpu: NVIDIA H200; performance model profile: h200" in summary
+    assert re.search(r"^btp +cola +\d+\.\d+ +\d+", summary, re.M), summary  # measured
+    assert "cola/tiny btp mesh (1, 1, 1) remat=none, batch 2 x 32 on H200-SXM-141GB" in summary
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+        bench = json.load(tar.extractfile("results/step_cola_none/bench.json"))
+    assert "results/skipped.txt" not in names
+    assert [r["row"] for r in bench["rows"]] == ["btp"] and bench["config"]["Model"]["size"] \
+        == "tiny"
