@@ -45,7 +45,7 @@ from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer
 from boost_jax.train.progress import Window, compiling, duration, say
 from boost_jax.train.resume import check_resume
-from boost_jax.train.samples import Sampler, host_params
+from boost_jax.train.samples import Sampler, check_sample_size, host_params
 from boost_jax.train.signals import StopRequest
 from boost_jax.train.step import (
     abstract_state,
@@ -161,6 +161,7 @@ class _Run:
 
     def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool):
         t = config.train
+        check_sample_size(config.model, t)  # before anything is built or compiled
         self.config, self.workdir, self.t = config, workdir, t
         mesh = make_mesh(config.parallel, devices)
         dataset = open_dataset_on_all(config.data)
@@ -248,9 +249,9 @@ class _Run:
 
     def sample(self, step: int, params: dict) -> None:
         """Greedy continuations of ``Train.sample_prompts`` (``Train.sample_tokens`` each, up
-        to the end-of-text token) from ``params``, on one device: a ``samples`` line in the
-        metrics, TensorBoard text and a line each on stdout. Every process takes part in
-        gathering the parameters; process 0 generates and writes."""
+        to the end-of-text token) from ``params``, on one device in ``Train.dtype``: a
+        ``samples`` line in the metrics, TensorBoard text and a line each on stdout. Every
+        process takes part in gathering the parameters; process 0 generates and writes."""
         with self.report.paused():
             host = host_params(self.model, params)
             if not self.lead:

@@ -83,3 +83,66 @@ def test_samples_gather_sharded_parameters(tiny_data, tmp_path):
     samples = logged_samples(tmp_path)
     assert sorted(samples) == [2, 4]
     assert all(texts == checkpoint_samples(tmp_path, step) for step, texts in samples.items())
+
+
+def test_bf16_samples_cast_the_weights_once_on_the_host(tiny_data, monkeypatch):
+    """``Train.dtype='bfloat16'``: the host's fp32 parameters are cast to bf16 before they go
+    to the device, so the prefill and every decode step take bf16 weights -- no fp32 weight
+    is an input of the decode step, and no weight matrix is cast inside it."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from boost_jax.models import decode
+    from boost_jax.models.decoder import abstract_model
+    from boost_jax.models.init import init_params
+    from boost_jax.train.samples import Sampler
+
+    cfg = tiny("cola")
+    params = jax.device_get(init_params(abstract_model(cfg)[1], seed=0))
+    assert {np.asarray(p).dtype for p in jax.tree.leaves(params)} == {np.dtype("float32")}
+    seen = {}
+    real_prefill, real_step = decode.prefill, decode.decode_step
+
+    def prefill(cfg, params, *args):
+        seen["prefill"] = {p.dtype for p in jax.tree.leaves(params)}
+        return real_prefill(cfg, params, *args)
+
+    def decode_step(cfg, params, *args, **kwargs):
+        seen["decode"] = {p.dtype for p in jax.tree.leaves(params)}
+        seen["jaxpr"] = real_step.trace(cfg, params, *args, **kwargs).jaxpr
+        return real_step(cfg, params, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "prefill", prefill)
+    monkeypatch.setattr(decode, "decode_step", decode_step)
+    train = Train(dtype="bfloat16", sample_every=1, sample_tokens=3)
+    texts = Sampler(train, tiny_data).texts(cfg, params)
+    assert texts[0].startswith("ROMEO:") and texts[1].startswith("The king")
+    assert seen["prefill"] == seen["decode"] == {jnp.dtype(jnp.bfloat16)}
+    jaxpr = seen["jaxpr"].jaxpr
+    n_weights = len(jax.tree.leaves(params))
+    weights = jaxpr.invars[:n_weights]  # params come first (cfg is static)
+    assert {v.aval.dtype for v in weights} == {jnp.dtype(jnp.bfloat16)}
+    matrices = [v for v in weights if v.aval.ndim >= 2]  # (norm gains may be read in fp32)
+    upcasts = [e for e in jaxpr.eqns if e.primitive.name == "convert_element_type"
+               and any(v in matrices for v in e.invars)]
+    assert matrices and not upcasts
+
+
+def test_sampling_a_model_too_large_for_one_device_is_refused_before_anything_is_built(
+        tiny_data, tmp_path, capsys, monkeypatch):
+    """``Train.sample_every`` with the 7b preset (2.7 B parameters, above MAX_SAMPLE_PARAMS):
+    exit code 2 and one line, before the mesh, the model or a step is built."""
+    from boost_jax.train import loop
+    from tests.train.test_cli import _train_main
+
+    def built(*args, **kwargs):
+        raise AssertionError("the trainer was set up before the sample size was checked")
+
+    monkeypatch.setattr(loop, "make_mesh", built)
+    code, _, err = _train_main(capsys, tmp_path / "run", [
+        "Model.size='7b'", f"Data.path='{tiny_data}'", "Train.sample_every=10"])
+    assert code == 2
+    (line,) = [line for line in err.splitlines() if "error" in line]  # one line
+    assert line.startswith("boost_jax.train: error: Train.sample_every=10: Model.size='7b' "
+                           "(cola) has 2,689,863,680 parameters, more than the 2,000,000,000")
+    assert "python -m boost_jax.generate" in line
