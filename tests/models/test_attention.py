@@ -71,6 +71,8 @@ def test_packed_layout_overflow_keeps_other_rows():
     ids = np.asarray(seg.ids)
     want = (ids[:, :, None] == ids[:, None, :]) & np.tril(np.ones((SEQ, SEQ), bool))
     np.testing.assert_array_equal(_layout_mask(seqlens, offsets, SEQ)[:3], want[:3])
+    np.testing.assert_array_equal(packed_layout(seg.ids, 6)[2], [False, False, False, True])
+    assert not packed_layout(seg.ids, 7)[2].any()  # exactly at the bound: listed whole
 
 
 def _emulated_cudnn(q, k, v, seqlens, offsets, scale):
