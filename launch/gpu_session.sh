@@ -101,8 +101,18 @@ setup() {  # the wheels (when there are any), then what this host is and still l
     echo "gpu: ${gpu:-none found}; performance model profile: $HARDWARE"
     "$py" - <<'PY'
 import importlib
+import importlib.metadata as md
 import jax
 print("jax", jax.__version__, jax.devices())
+dists = ("jaxlib", "flax", "optax", "orbax-checkpoint", "protobuf", "numpy", "triton",
+         "jax-triton", "grain", "sentencepiece", "tokenizers", "transformers", "torch")
+versions = []
+for dist in dists:
+    try:
+        versions.append(f"{dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        versions.append(f"{dist} -")
+print("versions:", ", ".join(versions))
 names = ("grain", "gin", "tensorboardX", "matplotlib", "psutil", "jax_triton", "triton",
          "sentencepiece", "tokenizers", "safetensors", "tqdm", "orbax.checkpoint")
 missing = []

@@ -60,8 +60,8 @@ def test_gpu_session_script_keeps_to_its_budget(tmp_path):
 def test_gpu_session_runs_the_step_stage_on_cpu(tmp_path):
     """launch/gpu_session.sh step for real, at a tiny shape (MODEL_SIZE, LAYERS, SEQ_LEN, BATCH,
     STEPS, ARCHS, REMATS) on the CPU without wheels: nvidia-smi (a stand-in) names an H200, so
-    the performance model predicts on the h200 profile; the measured row, the prediction and
-    bench.json come back in summary.txt and results.tgz."""
+    the performance model predicts on the h200 profile; device.txt (versions, missing modules),
+    the measured row, the prediction and bench.json come back in summary.txt and results.tgz."""
     import json
     import os
     import re
@@ -84,6 +84,7 @@ def test_gpu_session_runs_the_step_stage_on_cpu(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
     assert "gpu: NVIDIA H200; performance model profile: h200" in summary
+    assert "versions: jaxlib " in summary and "missing: " in summary  # device.txt
     assert re.search(r"^btp +cola +\d+\.\d+ +\d+", summary, re.M), summary  # measured
     assert "cola/tiny btp mesh (1, 1, 1) remat=none, batch 2 x 32 on H200-SXM-141GB" in summary
     with tarfile.open(out / "results.tgz") as tar:
