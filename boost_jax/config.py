@@ -371,10 +371,15 @@ class Data:
                           "(whole documents packed into rows, attention masked to each)", MATCH)
     packing_bins: int = _field(64, "document packing: rows packed together (the global batch "
                                "is cut into groups of this many)", MATCH)
+    max_segments: int | None = _field(None, "document packing: at most this many documents "
+                                      "per row (None: no bound); cuDNN's packed attention "
+                                      "needs it", MATCH)
 
     def __post_init__(self):
         _check_types(self)
         _check(self.packing_bins >= 1, f"Data.packing_bins={self.packing_bins} must be >= 1")
+        _check(self.max_segments is None or self.max_segments >= 1,
+               f"Data.max_segments={self.max_segments} must be >= 1 or None")
         _check(self.packing in PACKINGS,
                f"Data.packing={self.packing!r} must be one of {', '.join(PACKINGS)}")
         _check(0.0 < self.eval_fraction < 0.5,
@@ -396,6 +401,11 @@ class Config:
         _check(self.data.packing != "document" or self.train.batch_size % bins == 0,
                f"Train.batch_size={self.train.batch_size} is not a multiple of "
                f"Data.packing_bins={bins} (document packing fills groups of that many rows)")
+        _check(self.parallel.attention != "cudnn" or self.data.packing != "document"
+               or self.data.max_segments is not None,
+               "Parallel.attention='cudnn' on packed rows needs Data.max_segments (cuDNN's "
+               "packed layout is built for a bound on documents per row), e.g. "
+               "--gin_param=Data.max_segments=64")
         _check(self.train.batch_size % self.parallel.data == 0,
                f"Train.batch_size={self.train.batch_size} is not divisible by "
                f"Parallel.data={self.parallel.data}")

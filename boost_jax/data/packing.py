@@ -148,10 +148,11 @@ class _Rows:
         return {k: np.asarray(batch[v][self.lo:self.hi], np.int32) for k, v in PACKED.items()}
 
 
-def _group(pieces: DocumentPieces, bins: int, g: int, groups: int, seed: int | None
-           ) -> grain.IterDataset:
+def _group(pieces: DocumentPieces, bins: int, g: int, groups: int, seed: int | None,
+           max_segments: int | None = None) -> grain.IterDataset:
     """Packing group ``g`` of ``groups``: every ``groups``-th piece of the stream from the
-    ``g``-th, packed first-fit into batches of ``bins`` rows."""
+    ``g``-th, packed first-fit into batches of ``bins`` rows of at most ``max_segments``
+    pieces each (``None``: no bound)."""
     ds = grain.MapDataset.source(pieces)
     if seed is not None:
         ds = ds.seed(seed).shuffle().repeat(None)
@@ -161,7 +162,7 @@ def _group(pieces: DocumentPieces, bins: int, g: int, groups: int, seed: int | N
     length = {"inputs": pieces.seq_len, "targets": pieces.seq_len}
     it = grain.experimental.FirstFitPackIterDataset(
         it, length_struct=length, num_packing_bins=bins, seed=(seed or 0) + g,
-        shuffle_bins=seed is not None)
+        shuffle_bins=seed is not None, max_sequences_per_bin=max_segments)
     return it.batch(bins, drop_remainder=True)
 
 
@@ -173,17 +174,19 @@ def packing_groups(global_batch: int, bins: int) -> tuple[int, int]:
 
 
 def packed_batches(pieces: DocumentPieces, global_batch: int, rows: tuple[int, int],
-                   seed: int | None, bins: int = 64) -> grain.IterDataset:
+                   seed: int | None, bins: int = 64, max_segments: int | None = None
+                   ) -> grain.IterDataset:
     """Global batches of ``global_batch`` packed rows, this process's ``rows`` of each.
 
     The global batch is cut into groups of ``bins`` rows (``Data.packing_bins``); group ``g``
     packs its own share of the piece stream (every ``groups``-th piece) first-fit into its
     rows, so a process packs only the groups that hold its rows and the global batch does not
     depend on the process count. ``seed``: shuffle the pieces each epoch, forever (``None``:
-    one pass in order, for eval)."""
+    one pass in order, for eval). ``max_segments``: at most this many pieces per row
+    (``Data.max_segments``; ``None``: no bound)."""
     groups, per = packing_groups(global_batch, bins)
     first, last = rows[0] // per, -(-rows[1] // per)
-    parents = [_group(pieces, per, g, groups, seed) for g in range(first, last)]
+    parents = [_group(pieces, per, g, groups, seed, max_segments) for g in range(first, last)]
     it = parents[0] if len(parents) == 1 else grain.experimental.ZipIterDataset(
         parents=parents)
     return it.map(_Rows(rows[0] - first * per, rows[1] - first * per))

@@ -194,7 +194,8 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
             raise _too_short(ds, "train", f"has {len(pieces)} documents, fewer than "
                              f"Train.batch_size={global_batch}", "lower Train.batch_size to "
                              f"at most {len(pieces)} or use a larger corpus")
-        it = packed_batches(pieces, global_batch, rows, seed, ds.data.packing_bins)
+        it = packed_batches(pieces, global_batch, rows, seed, ds.data.packing_bins,
+                            ds.data.max_segments)
     else:
         windows = ds.windows("train", seq_len)
         if len(windows) < global_batch:
@@ -220,7 +221,8 @@ def iter_eval_batches(ds: Dataset, seq_len: int, global_batch: int,
     if ds.data.packing == "document":
         pieces = ds.pieces("eval", seq_len)
         yield from itertools.islice(
-            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins), max_batches)
+            packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins,
+                           ds.data.max_segments), max_batches)
         return
     windows = ds.windows("eval", seq_len)
     pick = _ProcessRows(windows, global_batch, rows)

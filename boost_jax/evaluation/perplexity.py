@@ -151,7 +151,8 @@ def evaluate_perplexity(params: dict, config: Config,
     mesh = make_mesh(config.parallel, devices)
     ds = open_dataset_on_all(config.data)
     _check_data(ds, config)
-    model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
+    model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype),
+                         max_segments=config.data.max_segments)
     placed = place_params(model, params)
     eval_step = make_eval_step(model)
     rows = local_batch_rows(mesh, t.batch_size)

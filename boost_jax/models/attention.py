@@ -56,22 +56,16 @@ def _rotate(q: jax.Array, k: jax.Array, theta: float, segments: Segments | None)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
-#: the static bound on segments per packed row on cuDNN's packed path, with
-#: :func:`max_segments`: see there
-MAX_SEGMENTS = 64
+def packed_slots(max_segments: int) -> int:
+    """``M``, the runs of equal ids per packed row that cuDNN's packed path is built for: the
+    row's documents, at most ``Data.max_segments`` (the packer's bound), and the padding at
+    its end.
 
-
-def max_segments(seq: int) -> int:
-    """The static bound ``M`` on segments per packed row of ``seq`` tokens that cuDNN's packed
-    path is built for: ``min(seq, MAX_SEGMENTS)``.
-
-    A segment is a run of equal ids: a document, or the padding at a row's end. Only ``seq``
-    bounds them for sure (a one-token document is possible), but cuDNN's softmax statistics
-    are ``[batch * M, heads, seq]`` fp32, as large as a dense mask when ``M ~ seq``; so ``M``
-    is capped, and a row with more segments gets a NaN attention output (the step is then
-    reported not finite, ``Train.nonfinite``) rather than a wrong one.
+    A bound is needed because cuDNN's softmax statistics are ``[batch * M, heads, seq]`` fp32,
+    as large as a dense mask when ``M ~ seq``; only ``seq`` would bound the runs otherwise (a
+    one-token document is possible).
     """
-    return min(seq, MAX_SEGMENTS)
+    return max_segments + 1
 
 
 def packed_layout(ids: jax.Array, bound: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -98,7 +92,8 @@ def packed_layout(ids: jax.Array, bound: int) -> tuple[jax.Array, jax.Array, jax
     return seqlens, offsets, count > bound
 
 
-def resolve_attention(choice: str, dtype, platform: str) -> tuple[str, str]:
+def resolve_attention(choice: str, dtype, platform: str, bounded: bool = True
+                      ) -> tuple[str, str]:
     """``Parallel.attention`` -> the implementations used, ``(unpacked rows, packed rows)``,
     each ``'xla'`` or ``'cudnn'``, for the compute ``dtype`` on ``platform``
     (``jax.default_backend()``).
@@ -106,7 +101,8 @@ def resolve_attention(choice: str, dtype, platform: str) -> tuple[str, str]:
     ``cudnn`` needs a GPU and a 16-bit dtype (ConfigError otherwise). ``auto`` on a GPU in a
     16-bit dtype takes cuDNN for unpacked rows (JAX's public path), and for packed rows
     cuDNN's packed path only once its GPU parity test is recorded in boost_jax/gpu_verified.py
-    (``cudnn_packed_attention``), else XLA; it logs its choice once.
+    (``cudnn_packed_attention``) and the packed rows are ``bounded`` (``Data.max_segments``
+    set), else XLA; it logs its choice once.
     """
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if choice == "cudnn":
@@ -120,10 +116,11 @@ def resolve_attention(choice: str, dtype, platform: str) -> tuple[str, str]:
     if choice == "auto":
         unpacked = "cudnn" if platform == "gpu" and half else "xla"
         record = gpu_verified.verified("cudnn_packed_attention")
-        packed = "cudnn" if unpacked == "cudnn" and record is not None else "xla"
+        packed = "cudnn" if unpacked == "cudnn" and record and bounded else "xla"
         why = ("" if unpacked == "xla" else
-               f", its GPU parity test passed on {record.gpu} {record.date}" if record else
-               ", cuDNN's packed path has no GPU parity record in boost_jax/gpu_verified.py")
+               ", cuDNN's packed path has no GPU parity record in boost_jax/gpu_verified.py"
+               if not record else ", Data.max_segments is not set" if not bounded else
+               f", its GPU parity test passed on {record.gpu} {record.date}")
         logging.log_first_n(logging.INFO, "Parallel.attention='auto': %s attention for "
                             "unpacked rows, %s for packed rows (%s, %s%s)", 1, unpacked,
                             packed, platform, jnp.dtype(dtype).name, why)
@@ -143,15 +140,18 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, theta: float,
       segments: the packed rows' document layout, or ``None`` (one sequence per row).
       implementation: ``xla`` or ``cudnn`` (flash attention on a GPU, 16-bit inputs; packed
         rows take cuDNN's packed layout, no dense mask: :func:`packed_layout`).
-      bound: cuDNN's packed path: the static bound on segments per row (``None``:
-        :func:`max_segments`); a row with more gets NaN outputs.
+      bound: cuDNN's packed path: ``M``, the static bound on runs of equal ids per row
+        (:func:`packed_slots`); a row with more (which the packer rules out) gets NaN
+        outputs rather than wrong ones.
     Returns:
       ``[batch, seq, heads * head_dim]``, in the dtype of ``q``.
     """
     b, s, h, dh = q.shape
     q, k = _rotate(q, k, theta, segments)
     if implementation == "cudnn" and segments is not None:
-        seqlens, offsets, overflow = packed_layout(segments.ids, bound or max_segments(s))
+        if bound is None:
+            raise ValueError("cuDNN's packed attention needs the bound on segments per row")
+        seqlens, offsets, overflow = packed_layout(segments.ids, bound)
         out = compat.cudnn_packed_attention(q, k, v, seqlens, offsets, scale=dh ** -0.5)
         out = jnp.where(overflow[:, None, None, None], jnp.nan, out)
     else:

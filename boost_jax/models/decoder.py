@@ -53,7 +53,7 @@ class Block(nnx.Module):
         """
         def attend(q, k, v):
             impl = plan.attention if segments is None else plan.packed_attention
-            out = causal_attention(q, k, v, self.theta, segments, impl)
+            out = causal_attention(q, k, v, self.theta, segments, impl, plan.segment_slots)
             return tag(out, ATTENTION), None
 
         h, latents, _ = self._apply(h, cross, plan, attend)

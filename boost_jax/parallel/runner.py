@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model, Parallel
-from boost_jax.models.attention import Segments, resolve_attention
+from boost_jax.models.attention import Segments, packed_slots, resolve_attention
 from boost_jax.models.batch import loss_sum, segments, token_count
 from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
@@ -84,14 +84,19 @@ class ShardedModel:
       model, parallel: configs.
       mesh: the ``(data, pipe, tensor)`` mesh.
       dtype: compute dtype (parameters stay fp32 and are cast inside the region).
+      max_segments: ``Data.max_segments``, the packer's bound on documents per packed row
+        (cuDNN's packed attention is built for it; ``None``: no bound, XLA for packed rows).
     """
 
     def __init__(self, model: Model, parallel: Parallel, mesh: Mesh, dtype=jnp.float32,
-                 gspmd: bool = False):
+                 gspmd: bool = False, max_segments: int | None = None):
         self.cfg, self.parallel, self.mesh, self.dtype = model, parallel, mesh, jnp.dtype(dtype)
         self.plan = get_plan(parallel)
         self.plan.attention, self.plan.packed_attention = resolve_attention(
-            parallel.attention, self.dtype, mesh.devices.flat[0].platform)
+            parallel.attention, self.dtype, mesh.devices.flat[0].platform,
+            bounded=max_segments is not None)
+        if max_segments is not None:
+            self.plan.segment_slots = packed_slots(max_segments)
         #: the baseline a JAX user has for free: the parameter shardings only, the model run
         #: as one global program under jit, and GSPMD choosing every collective
         self.gspmd = gspmd

@@ -168,7 +168,8 @@ class _Run:
         if dataset.vocab_size > config.model.vocab_size:
             raise ConfigError(f"Model.vocab_size={config.model.vocab_size} is smaller than the "
                               f"vocabulary of the dataset's tokenizer ({dataset.vocab_size})")
-        self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype))
+        self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype),
+                                  max_segments=config.data.max_segments)
         self.opt = make_optimizer(t, self.model)
         self.rows = rows = local_batch_rows(mesh, t.batch_size)
         self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,

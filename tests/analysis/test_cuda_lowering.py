@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from boost_jax import compat, gpu_verified
 from boost_jax.analysis import lowered
 from boost_jax.config import Parallel, Train
-from boost_jax.models.attention import max_segments, resolve_attention
+from boost_jax.models.attention import packed_slots, resolve_attention
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.testing import tiny
@@ -89,6 +89,7 @@ def test_parser_on_shard_map_collectives():
 # --- the model lowered for CUDA, cuDNN attention traced under compat.cudnn_trace_standin ---
 
 SEQ = 96  # no other dim of the tiny model: an s x s pair can only be a mask or a bias
+MAX_SEGMENTS = 15  # Data.max_segments: M = 16 runs per row
 BATCH = 8
 FMHA = {"__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"}
 
@@ -96,7 +97,7 @@ FMHA = {"__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"}
 def _model(parallel: Parallel, arch: str = "cola", attention=("cudnn", "cudnn")) -> ShardedModel:
     """The tiny model in bf16 on the first devices, its attention set as on a GPU."""
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
-    model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16)
+    model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16, max_segments=MAX_SEGMENTS)
     model.plan.attention, model.plan.packed_attention = attention
     return model
 
@@ -168,7 +169,7 @@ def test_bf16_train_step_per_plan(arch, plan, data, tensor):
     ops = lowered.parse_ops(text)
     fmha = _fmha(ops)
     assert set(fmha) == FMHA
-    b, m = BATCH // data, max_segments(SEQ)
+    b, m = BATCH // data, packed_slots(MAX_SEGMENTS)
     for op in fmha.values():
         assert [t.shape for t in op.operands if t.dtype == "i32"] == [(b, m)] * 2 + [(b, m + 1)] * 2
     assert not _dense_pairs(text)

@@ -119,3 +119,15 @@ def test_packing_needs_document_offsets(tiny_data, tmp_path):
         _dataset(old, tmp_path)
     with pytest.raises(ConfigError, match="Data.packing='pack' must be one of"):
         Data(packing="pack")
+
+
+def test_max_segments_bounds_the_documents_per_row(packing_data, tmp_path):
+    """``Data.max_segments``: no packed row holds more pieces (cuDNN's packed attention is
+    built for the bound); without it, rows of this corpus hold more."""
+    def most(max_segments):
+        ds = open_dataset(Data(path=str(packing_data), packing="document",
+                               cache_dir=str(tmp_path), max_segments=max_segments))
+        batches = _take(train_iterator(ds, SEQ, 8, seed=0), 4)
+        return max(int(b["segment_ids"].max()) for b in batches)
+    assert most(None) > 2
+    assert most(2) == 2

@@ -12,7 +12,7 @@ import pytest
 from absl import logging
 
 from boost_jax import compat, gpu_verified
-from boost_jax.config import ConfigError
+from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 from boost_jax.models import attention
 from boost_jax.models.attention import Segments, packed_layout, reference_attention
 
@@ -100,16 +100,17 @@ def test_cudnn_packed_branch_equals_reference(monkeypatch):
     k, v = (jax.random.normal(x, (4, SEQ, 2, 8)) for x in key[1:])
     run = jax.jit(attention.causal_attention, static_argnums=(3, 5, 6))
     want = jax.jit(reference_attention, static_argnums=3)(q, k, v, 1e4, seg)
-    np.testing.assert_allclose(run(q, k, v, 1e4, seg, "cudnn", None), want, rtol=1e-5,
+    np.testing.assert_allclose(run(q, k, v, 1e4, seg, "cudnn", SEQ), want, rtol=1e-5,
                                atol=1e-5)
+    with pytest.raises(ValueError, match="needs the bound"):
+        run(q, k, v, 1e4, seg, "cudnn", None)
     over = run(q, k, v, 1e4, seg, "cudnn", 4)
     assert np.isnan(over[3]).all()
     np.testing.assert_allclose(over[:3], want[:3], rtol=1e-5, atol=1e-5)
 
 
-def test_max_segments_bound():
-    assert attention.max_segments(16) == 16
-    assert attention.max_segments(4096) == attention.MAX_SEGMENTS == 64
+def test_packed_slots_count_the_padding_run():
+    assert attention.packed_slots(63) == 64
 
 
 VERIFIED = gpu_verified.Verified("2026-12-01", "NVIDIA H200", "0.11.2",
@@ -133,6 +134,17 @@ def test_resolve_attention(monkeypatch):
     monkeypatch.setattr(gpu_verified, "RECORD", {"cudnn_packed_attention": VERIFIED})
     assert attention.resolve_attention("auto", bf16, "gpu") == ("cudnn", "cudnn")
     assert attention.resolve_attention("auto", bf16, "cpu") == ("xla", "xla")
+    # packed rows without Data.max_segments: cuDNN's packed layout has no bound to be built for
+    assert attention.resolve_attention("auto", bf16, "gpu", bounded=False) == ("cudnn", "xla")
+
+
+def test_cudnn_on_packed_rows_needs_max_segments():
+    """The one-line error before anything is built; with the bound the config is valid."""
+    parts = dict(model=Model(), train=Train(), parallel=Parallel(attention="cudnn"))
+    with pytest.raises(ConfigError, match="needs Data.max_segments"):
+        Config(**parts, data=Data(packing="document"))
+    Config(**parts, data=Data(packing="document", max_segments=64))
+    Config(**parts, data=Data())  # unpacked rows need no bound
 
 
 def test_resolve_attention_logs_its_choice(monkeypatch):

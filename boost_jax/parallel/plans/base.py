@@ -93,6 +93,9 @@ class Plan:
         #: the attention core's implementation for unpacked / packed rows, ``xla`` or ``cudnn``
         #: (set by the runner from ``Parallel.attention``, the compute dtype and the platform)
         self.attention = self.packed_attention = "xla"
+        #: cuDNN's packed path: runs of equal segment ids per packed row (models/attention.py
+        #: :func:`packed_slots`), set by the runner from ``Data.max_segments``; None: unbounded
+        self.segment_slots: int | None = None
 
     def check(self, model: Model, tensor: int) -> None:
         """Raise ConfigError if ``model`` cannot run under this plan at TP degree ``tensor``."""
