@@ -2,10 +2,31 @@
 same global weights and batch.
 
 fp32: ``max|a - b| / max|b| <= 1e-5`` for the loss and every parameter gradient. bf16 (against
-the single-device model in bf16): ``||a - b|| / ||b|| <= 2e-2`` per gradient, on 512 tokens --
-two bf16 computations of one function differ by rounding of bf16's own size (single-device bf16
-is itself 1-2% from fp32 here), which the norm-wise error measures without letting one rounded
-element of a sparse embedding gradient decide.
+the single-device model in bf16, 512 tokens): the loss within 2e-2 and ``||a - b|| / ||b|| <=
+4e-2`` per gradient -- two bf16 computations of one function differ by rounding of bf16's own
+size, which the norm-wise error measures without letting one rounded element of a sparse
+embedding gradient decide.
+
+Why 4e-2 (it was 2e-2 up to jax 0.10.2), measured on CPU, worst gradient over the four cases
+(cola btp, btp + fp32 norm payload, vanilla, dense fullrank):
+
+=================  =====================================  ==============================
+jax (jaxlib)       single-device bf16 vs fp32 (own error)  plan bf16 vs single-device bf16
+=================  =====================================  ==============================
+0.10.2             0.017 (cola), 0.008 (dense)             0.018
+0.11.2             0.031 (cola), 0.014 (dense)             0.032
+0.12.0.1           0.029 (cola), 0.028 (dense)             0.031
+=================  =====================================  ==============================
+
+From jaxlib 0.11, XLA:CPU computes some bf16 weight-gradient dots -- those it marks for its
+YNNPACK fusion but then emits unfused, e.g. ``o`` and ``down``'s ``x^T dy`` whose operand
+arrives transposed -- with bf16 accumulation instead of fp32 over the 512 tokens: the
+single-device model itself moved 2-3x further from fp32, and which dots are hit differs
+between a plan's program and the single device's. With ``--xla_cpu_experimental_ynn_fusion_type=``
+(YNN fusion off) jax 0.12.0.1 gives back 0.10.2's numbers exactly (0.016 / 0.008 and 0.018).
+GPUs accumulate bf16 dots in fp32. The test also checks the single-device model's own error
+against fp32 (``BF16_OWN``), so a further change in XLA's bf16 numerics fails as that, not as
+a plan's.
 """
 
 import functools
@@ -21,6 +42,10 @@ from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, norm_rel_err, rel_err, tiny, tree_rel_err
 
 BATCH, SEQ = 8, 16
+#: plan bf16 vs single-device bf16, per gradient (module docstring)
+BF16_TOL = 4e-2
+#: the single-device bf16 model vs fp32: at most 0.031 measured on jax 0.10.2-0.12.0.1
+BF16_OWN = 3.5e-2
 
 
 #: LaX's crossing (gate, latent norm) unless a case names one: the dense gate with the norm
@@ -48,10 +73,26 @@ def _check(arch, plan, data, tensor, dtype="float32", gspmd=False, crossing=CROS
     model, params, inputs, targets, (ref_loss, ref_grads) = _problem(arch, dtype, crossing)
     parallel = Parallel(data=data, tensor=tensor, tp_plan=plan, **options)
     loss, grads = loss_and_grads(model, parallel, params, inputs, targets, dtype, gspmd)
-    tol, metric = (1e-5, rel_err) if dtype == "float32" else (2e-2, norm_rel_err)
-    assert rel_err(loss, ref_loss) <= tol, (loss, ref_loss)
+    if dtype == "float32":
+        assert rel_err(loss, ref_loss) <= 1e-5, (loss, ref_loss)
+        assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+        assert tree_rel_err(grads, ref_grads) <= 1e-5
+        return
+    own = _bf16_own_error(arch, crossing)
+    assert own <= BF16_OWN, f"single-device bf16 is {own:.3f} from fp32: XLA's bf16 numerics moved"
+    assert rel_err(loss, ref_loss) <= 2e-2, (loss, ref_loss)
     assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
-    assert tree_rel_err(grads, ref_grads, metric) <= tol
+    err = tree_rel_err(grads, ref_grads, norm_rel_err)
+    assert err <= BF16_TOL, f"{err:.4f} (the single-device bf16 model's own error: {own:.4f})"
+
+
+@functools.cache
+def _bf16_own_error(arch, crossing=CROSSING):
+    """The single-device bf16 model's gradients against its fp32 gradients (the bf16 problem's
+    batch): the rounding the bf16 comparison has to allow."""
+    model, params, inputs, targets, (_, grads) = _problem(arch, "bfloat16", crossing)
+    _, fp32_grads = loss_and_grads(model, SINGLE, params, inputs, targets, "float32")
+    return tree_rel_err(grads, fp32_grads, norm_rel_err)
 
 
 # a representative matrix: every arch under every applicable plan, both norms, grouping on
