@@ -175,7 +175,8 @@ class Parallel:
     ``zero``: how the state is laid out over ``data`` (parallel/zero.py). ``0`` replicates it;
     ``1`` (ZeRO-1) splits the optimizer state, reduce-scatters the gradients and all-gathers
     the updated parameters; ``3`` (FSDP) splits the parameters too and gathers each layer's
-    inside the layer loop (its gradients are reduce-scattered there).
+    inside the layer loop, in the compute dtype (its gradients are reduce-scattered there).
+    ``reduce_dtype``: the dtype every gradient reduction over ``data`` sums in.
     """
 
     data: int = _field(2, "data-parallel degree (mesh axis 'data')", NOTE)
@@ -197,6 +198,8 @@ class Parallel:
     grad_accum: int = _field(1, "gradient accumulation micro-steps per step", NOTE)
     zero: int = _field(0, "state layout over 'data': 0 replicated | 1 ZeRO-1 (optimizer state "
                        "split) | 3 FSDP (parameters split too)", NOTE)
+    reduce_dtype: str = _field("float32", "dtype of the gradients' reduction over 'data' "
+                               "(all-reduce, reduce-scatter): float32 | bfloat16", NOTE)
     attention: str = _field("auto", "attention core: auto (cuDNN flash attention on a GPU in "
                             "bf16, else XLA) | xla | cudnn", NOTE)
     kernels: str = _field("auto", "btp chunk-boundary ops: auto (Triton on a GPU with "
@@ -234,6 +237,8 @@ class Parallel:
         for name, choices in (("attention", ATTENTIONS), ("kernels", KERNELS)):
             _check(getattr(self, name) in choices, f"Parallel.{name}={getattr(self, name)!r} "
                    f"is not one of {', '.join(choices)}")
+        _check(self.reduce_dtype in DTYPES, f"Parallel.reduce_dtype={self.reduce_dtype!r} is "
+               f"not one of {', '.join(DTYPES)}")
         _check(self.zero in ZERO_STAGES,
                f"Parallel.zero={self.zero!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
         _check(self.zero != 3 or self.pipe == 1,
