@@ -44,10 +44,13 @@ iterations (bubbles included), on a microbatch at a time, and one ``ppermute`` o
 times per step, on ``1/K`` of the tokens each.
 
 Gradients and parameters over ``data`` (and ``pipe`` for what every stage holds), by
-``Parallel.zero`` (:func:`gradient_transfers`): one fp32 all-reduce per step after
-accumulation, or ZeRO-1's reduce-scatter + all-gather, or FSDP's per-layer gathers and
-reduce-scatters. Two scalars: the loss over ``data`` (and ``pipe``), the gradient norm over
-every axis -- with the stop flags riding in the same all-reduce (:func:`scalar_transfers`).
+``Parallel.zero`` (:func:`gradient_transfers`): one all-reduce per step after accumulation, or
+ZeRO-1's reduce-scatter + all-gather, or FSDP's per-layer gathers and reduce-scatters. Every
+gradient reduction sums in ``Parallel.reduce_dtype`` (fp32 by default); FSDP gathers the
+parameters in the compute dtype, ZeRO-1 the updated fp32 slices. Two fp32 scalars: the loss
+over ``data`` (and ``pipe``), the gradient norm over every axis -- with the stop flags riding
+in the same all-reduce (:func:`scalar_transfers`). :func:`data_parallel_bytes` sums their
+bytes.
 """
 
 from __future__ import annotations
@@ -164,19 +167,30 @@ def in_layer_loop(c: Collective, run: dict) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Transfer:
     """One kind of data-parallel collective of a step: ``op``, the mesh ``axes`` (joined with
-    ``,``), ``elements`` per step (counted as :mod:`boost_jax.analysis.hlo` counts them) and
-    ``group``: devices per collective."""
+    ``,``), ``elements`` per step (counted as :mod:`boost_jax.analysis.hlo` counts them),
+    ``group``: devices per collective, and ``itemsize``: bytes per element."""
 
     op: str
     axes: str
     elements: float
     group: int
+    itemsize: int = 4
+
+    @property
+    def bytes(self) -> float:
+        return self.elements * self.itemsize
 
 
-def gradient_transfers(model: Model, parallel: Parallel) -> list[Transfer]:
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else 4
+
+
+def gradient_transfers(model: Model, parallel: Parallel, dtype: str = "float32"
+                       ) -> list[Transfer]:
     """The gradient and parameter collectives of a step over ``data`` (and ``pipe`` for the
     parameters every stage holds) by ``Parallel.zero`` -- the rules of parallel/zero.py,
-    counted per parameter:
+    counted per parameter (gradients reduced in ``Parallel.reduce_dtype``, FSDP's gathers in
+    the compute ``dtype``, ZeRO-1's of the updated fp32 slices):
 
     * replicated (stage 0, or no dimension divides by ``data``): one all-reduce of the local
       gradient over the axes the parameter is replicated over, after accumulation;
@@ -191,6 +205,7 @@ def gradient_transfers(model: Model, parallel: Parallel) -> list[Transfer]:
     from boost_jax.parallel.runner import data_layout
 
     k, sizes = parallel.grad_accum, dict(zip(MESH_AXES, parallel.shape))
+    grad, act = _itemsize(parallel.reduce_dtype), _itemsize(dtype)
     layout = data_layout(model, parallel)
     # layers outside a compiled loop (LaX's block 0, a loop XLA unrolled) gather once: XLA
     # merges the recomputation's gather with the forward one there
@@ -200,16 +215,17 @@ def gradient_transfers(model: Model, parallel: Parallel) -> list[Transfer]:
     for lf in layout.items():
         v = layout.local_size(lf)
         if layout.fsdp(lf) and lf.layer_dims:
-            out += [Transfer("all-gather", DATA, gathers * k * v, parallel.data),
-                    Transfer("reduce-scatter", DATA, k * v, parallel.data)]
+            out += [Transfer("all-gather", DATA, gathers * k * v, parallel.data, act),
+                    Transfer("reduce-scatter", DATA, k * v, parallel.data, grad)]
         elif layout.sharded(lf):
-            out += [Transfer("reduce-scatter", DATA, v, parallel.data),
-                    Transfer("all-gather", DATA, v, parallel.data)]
+            gathered = act if layout.fsdp(lf) else 4  # FSDP's parameters, ZeRO-1's updates
+            out += [Transfer("reduce-scatter", DATA, v, parallel.data, grad),
+                    Transfer("all-gather", DATA, v, parallel.data, gathered)]
             if PIPE in lf.reduce:
-                out.append(Transfer("all-reduce", PIPE, v / parallel.data, parallel.pipe))
+                out.append(Transfer("all-reduce", PIPE, v / parallel.data, parallel.pipe, grad))
         elif lf.reduce:
             group = math.prod(sizes[a] for a in lf.reduce)
-            out.append(Transfer("all-reduce", ",".join(lf.reduce), v, group))
+            out.append(Transfer("all-reduce", ",".join(lf.reduce), v, group, grad))
     return out
 
 
@@ -229,6 +245,17 @@ def scalar_transfers(parallel: Parallel, packed: bool = False) -> list[Transfer]
             out.append(Transfer("all-reduce", ",".join(kept), width,
                                 math.prod(sizes[a] for a in kept)))
     return out
+
+
+def data_parallel_bytes(model: Model, parallel: Parallel, dtype: str = "float32",
+                        packed: bool = False) -> dict[str, float]:
+    """Bytes per step, by mesh-axes group, of :func:`gradient_transfers` (compute ``dtype``)
+    and :func:`scalar_transfers`; the ``data`` group holds every collective of the step over
+    ``data`` alone."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for t in gradient_transfers(model, parallel, dtype) + scalar_transfers(parallel, packed):
+        out[t.axes] += t.bytes
+    return dict(out)
 
 
 def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: str,

@@ -2,7 +2,7 @@
 collectives of the train step, all run inside the model's ``shard_map`` region.
 
 ``0``  parameters, gradients and optimizer state replicated over ``data``; the gradients are
-       all-reduced once per step (after accumulation), in fp32.
+       all-reduced once per step (after accumulation).
 ``1``  ZeRO-1: each parameter has a *zero dim*, split over ``data`` in its optimizer moments.
        The gradients are reduce-scattered onto that split, every data rank updates its slice
        of the parameters, and the updated slices are all-gathered: a reduce-scatter and an
@@ -12,7 +12,13 @@ collectives of the train step, all run inside the model's ``shard_map`` region.
        embedding, head and final norm once at the top; the transposes reduce-scatter the
        gradients (per layer, inside the backward loop, where a GPU overlaps them with the next
        layer's backward). A gathered layer is never kept for the backward pass: the layer is
-       rematerialised and gathers its parameters again.
+       rematerialised and gathers its parameters again. Parameters are cast to the compute
+       dtype before they are gathered (a bf16 run gathers bf16, half the bytes of the fp32
+       masters).
+
+Every gradient reduction over ``data`` -- the all-reduce, ZeRO-1's and FSDP's reduce-scatters,
+the per-layer ones in the backward loop included -- sums in ``Parallel.reduce_dtype`` (fp32 by
+default, whatever the compute dtype; the reduced gradients are fp32 again).
 
 The zero dim is the first dimension of a layer's parameter (past the stacked layer axes) whose
 local size under the plan divides by ``data``; one already split over ``tensor`` is split
@@ -22,9 +28,11 @@ shard. A parameter without such a dimension stays replicated (and all-reduced) a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +85,31 @@ def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
+@functools.cache
+def _cast_gather(axis: int, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.dtype):
+    """``x -> all_gather(x.astype(dtype))`` over ``data`` on ``axis`` (tiled: this device's
+    ``[..., n / data, ...]`` shard of ``src`` dtype in, ``[..., n, ...]`` out), whose transpose
+    reduce-scatters the cotangent in ``reduce_dtype`` and returns it in ``src``.
+
+    The transpose of a plain gather of the cast value would reduce-scatter in ``dtype``
+    (bf16 in a bf16 run); a gather of ``x`` followed by the cast would move ``src``'s bytes
+    (fp32). The cotangent of the gathered value varies over the axes the gather's result
+    does, so its reduce-scatter varies over the input's: the rule needs no ``pcast``."""
+    @jax.custom_vjp
+    def gather(x):
+        return lax.all_gather(x.astype(dtype), DATA, axis=axis, tiled=True)
+
+    def fwd(x):
+        return gather(x), None
+
+    def bwd(_, ct):
+        g = lax.psum_scatter(ct.astype(reduce_dtype), DATA, scatter_dimension=axis, tiled=True)
+        return (g.astype(src),)
+
+    gather.defvjp(fwd, bwd)
+    return gather
+
+
 def _keys(path) -> tuple:
     """The dict keys of a pytree path (an ``nnx.State``'s ``.value`` hop dropped)."""
     return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
@@ -97,6 +130,9 @@ class DataLayout:
                  stacked: Mapping[str, int]):
         self.stage, self.mesh_shape = stage, dict(mesh_shape)
         self.data = self.mesh_shape[DATA]
+        #: what FSDP's per-layer gathers reduce-scatter their gradients in (see
+        #: :meth:`reducing_in`)
+        self.layer_reduce_dtype = jnp.dtype(jnp.float32)
 
         def leaf(path, spec, shape):
             keys = _keys(path)
@@ -168,25 +204,47 @@ class DataLayout:
         return self._map(lambda lf, p: lax.pcast(p, lf.reduce, to="varying") if lf.reduce
                          else p, params)
 
-    def gather_globals(self, params: dict) -> dict:
+    def gather_globals(self, params: dict, dtype=None) -> dict:
         """FSDP: all-gather the non-stacked parameters (embedding, head, norms) over ``data``,
-        once per step (outside gradient accumulation). Identity at other stages and for the
-        stacked blocks (see :meth:`gather_layer`)."""
+        once per step (outside gradient accumulation), cast to ``dtype`` first (the compute
+        dtype; ``None``: as stored). Identity at other stages and for the stacked blocks (see
+        :meth:`gather_layer`). Gradients are taken with respect to the gathered values and
+        reduce-scattered by :meth:`reduce`."""
         def gather(lf, p):
             if not self.fsdp(lf) or lf.layer_dims:
                 return p
-            return lax.all_gather(p, DATA, axis=lf.dim, tiled=True)
+            return lax.all_gather(p if dtype is None else p.astype(dtype), DATA, axis=lf.dim,
+                                  tiled=True)
         return self._map(gather, params)
 
+    @contextlib.contextmanager
+    def reducing_in(self, dtype) -> Iterator[None]:
+        """While tracing inside this context, FSDP's per-layer gathers (:meth:`gather_layer`)
+        reduce-scatter their gradients in ``dtype`` (``Parallel.reduce_dtype``; the train step
+        sets it around its gradients, outside it fp32)."""
+        old, self.layer_reduce_dtype = self.layer_reduce_dtype, jnp.dtype(dtype)
+        try:
+            yield
+        finally:
+            self.layer_reduce_dtype = old
+
     def gather_layer(self, layer, dtype) -> object:
-        """FSDP: one layer's parameters (stacked axes indexed away) all-gathered over ``data``,
-        cast to the compute ``dtype`` and tagged :data:`GATHERED` (never kept for backward)."""
+        """FSDP: one layer's parameters (stacked axes indexed away) cast to the compute
+        ``dtype``, all-gathered over ``data`` and tagged :data:`GATHERED` (never kept for
+        backward); their gradients are reduce-scattered back onto the shards in the backward
+        loop, in :attr:`layer_reduce_dtype`."""
+        dtype, reduce_dtype = jnp.dtype(dtype), self.layer_reduce_dtype
+
         def gather(path, p):
             lf = self.block_leaves[_keys(path)]
-            if self.fsdp(lf):
-                p = lax.all_gather(p, DATA, axis=lf.dim - lf.layer_dims, tiled=True)
-                return tag(p.astype(dtype), GATHERED)
-            return p
+            if not self.fsdp(lf):
+                return p
+            axis = lf.dim - lf.layer_dims
+            if p.dtype == dtype == reduce_dtype:  # nothing to cast: the plain gather
+                p = lax.all_gather(p, DATA, axis=axis, tiled=True)
+            else:
+                p = _cast_gather(axis, p.dtype, dtype, reduce_dtype)(p)
+            return tag(p, GATHERED)
         return jax.tree_util.tree_map_with_path(gather, layer)
 
     def partial_after_gather(self, lf: Leaf) -> bool:
@@ -195,18 +253,20 @@ class DataLayout:
         parameters (gathered once per step by :meth:`gather_globals`)."""
         return self.sharded(lf) and (self.stage == 1 or not lf.layer_dims)
 
-    def reduce(self, grads: dict) -> dict:
+    def reduce(self, grads: dict, dtype=jnp.float32) -> dict:
         """Sum this device's partial gradients over the axes each parameter is replicated
-        over: all-reduce (stage 0, and unsplit leaves), reduce-scatter onto the zero dim
-        (stage 1, FSDP's non-layer parameters), nothing for FSDP's layer parameters
-        (reduce-scattered in the backward pass). The result is laid out by
-        :attr:`moment_specs`."""
+        over, in ``dtype`` (``Parallel.reduce_dtype``): all-reduce (stage 0, and unsplit
+        leaves), reduce-scatter onto the zero dim (stage 1, FSDP's non-layer parameters),
+        nothing for FSDP's layer parameters (reduce-scattered in the backward pass). The
+        result is fp32, laid out by :attr:`moment_specs`."""
         def reduce(lf, g):
             axes = lf.reduce
+            if self.partial_after_gather(lf) or axes:
+                g = g.astype(dtype)
             if self.partial_after_gather(lf):
                 g = lax.psum_scatter(g, DATA, scatter_dimension=lf.dim, tiled=True)
                 axes = tuple(a for a in axes if a != DATA)
-            return lax.psum(g, axes) if axes else g
+            return (lax.psum(g, axes) if axes else g).astype(jnp.float32)
         return self._map(reduce, grads)
 
     def local_slice(self, params: dict) -> dict:

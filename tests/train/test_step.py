@@ -206,3 +206,96 @@ def test_the_logged_lr_is_the_applied_one(optimizer):
     assert lrs[1] == lrs[2] and [lrs[0], *lrs[2:]] == clean_lrs
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(clean_params)):
         np.testing.assert_array_equal(a, b)
+
+
+def _device_conditionals(text: str) -> int:
+    """Conditionals (``stablehlo.case`` / ``if``) of lowered StableHLO text whose branch is
+    chosen by a value computed on the device: not those on a constant (how
+    ``lax.platform_dependent`` lowers its choice for one platform), which the compiler folds
+    away."""
+    def static(name: str, before: int) -> bool:
+        defs = list(re.finditer(rf"^\s*%{re.escape(name)}(?::\d+)? = (.*)$",
+                                text[:before], re.MULTILINE))
+        if not defs:  # a function argument
+            return False
+        rhs = defs[-1].group(1)
+        if rhs.startswith("stablehlo.constant"):
+            return True
+        case = re.match(r'"stablehlo\.case"\(%([\w.]+)\)', rhs)
+        return case is not None and static(case.group(1), defs[-1].start())
+
+    found = re.finditer(r'"?stablehlo\.(?:case|if)"?\(%([\w.]+)', text)
+    return sum(not static(m.group(1), m.start()) for m in found)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "loro"])
+def test_the_nonfinite_guard_is_a_select_on_gpu_and_a_conditional_on_cpu(optimizer):
+    """The skip of a non-finite step, lowered per platform (``lax.platform_dependent``): for
+    CUDA a select, no conditional on a device value (XLA:GPU would copy the predicate to the
+    host and wait for the gradient norm); for CPU a conditional, which updates the donated
+    state in place (a select makes XLA:CPU copy parameter-sized buffers, which
+    :func:`test_update_runs_in_the_region_without_gradient_copies` refuses). LORO's exact
+    step (every ``loro_exact_every`` updates) stays a conditional on every platform."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import (
+        STOP_SIGNALS,
+        STOP_SPEC,
+        abstract_batch,
+        abstract_state,
+        make_train_step,
+    )
+
+    model = ShardedModel(tiny("svd", rank=4, n_layers=1), SINGLE,
+                         make_mesh(SINGLE, jax.devices()[:1]))
+    opt = make_optimizer(Train(optimizer=optimizer, loro_exact_every=3, steps=50), model)
+    stop = jax.ShapeDtypeStruct((1, len(STOP_SIGNALS)), jnp.float32,
+                                sharding=NamedSharding(model.mesh, STOP_SPEC))
+    traced = make_train_step(model, opt).trace(abstract_state(model, opt),
+                                               abstract_batch(model, 4, 16), stop)
+    loro = optimizer == "loro"
+    for platform, conditionals in (("cuda", int(loro)), ("cpu", 1 + loro)):
+        text = traced.lower(lowering_platforms=(platform,)).as_text()
+        assert _device_conditionals(text) == conditionals, platform
+
+
+def test_the_gpu_guard_skips_like_the_cpu_one(monkeypatch):
+    """The select the GPU program runs, executed here (``lax.platform_dependent`` made to
+    take the default branch): a non-finite step leaves parameters and optimizer state as
+    they were and advances the step counter; a good step trains."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.runner import ShardedModel
+    from boost_jax.train.optim import make_optimizer
+    from boost_jax.train.step import init_state, make_train_step, stop_flags
+
+    chosen = []
+
+    def default_branch(*args, default, **per_platform):
+        chosen.append(default.__name__)
+        return default(*args)
+
+    monkeypatch.setattr(jax.lax, "platform_dependent", default_branch)
+    model = ShardedModel(tiny("cola", n_layers=1), SINGLE, make_mesh(SINGLE, jax.devices()[:1]))
+    opt = make_optimizer(Train())
+    train_step = make_train_step(model, opt)
+    good = {k: jnp.ones((2, 16), jnp.int32) for k in ("inputs", "targets")}
+    bad = dict(good, inputs=good["inputs"].at[1, 3].set(model.cfg.vocab_size))
+    before = jax.device_get(init_state(model, opt, 0))
+    state, metrics = train_step(jax.device_put(before), bad, stop_flags(model))
+    after = jax.device_get(state)
+    assert chosen == ["select"] and int(metrics["nonfinite"]) == 1
+    assert int(after["step"]) == int(before["step"]) + 1
+    for a, b in zip(jax.tree.leaves((after["params"], after["opt_state"])),
+                    jax.tree.leaves((before["params"], before["opt_state"]))):
+        np.testing.assert_array_equal(a, b)
+    state, metrics = train_step(state, good, stop_flags(model))
+    assert int(metrics["nonfinite"]) == 0
+    assert not np.array_equal(jax.device_get(state["params"]["final_norm"]),
+                              before["params"]["final_norm"])
