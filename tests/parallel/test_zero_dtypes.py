@@ -40,8 +40,9 @@ def test_reduce_dtype_is_checked():
     pytest.param(dict(reduce_dtype="bfloat16"), marks=pytest.mark.slow)], ids=str)
 def test_bf16_fsdp_matches_single_device_bf16(options):
     """bf16 FSDP (parameters gathered in bf16, gradients reduce-scattered in fp32 or bf16)
-    computes the single-device bf16 model's loss and gradients (the bf16 tolerance of
-    tests/parallel/test_plans.py: ``||a - b|| / ||b|| <= 2e-2`` per gradient, 512 tokens)."""
+    computes the single-device bf16 model's loss and gradients, within the bf16 tolerances of
+    tests/parallel/test_plans.py (loss 2e-2, ``||a - b|| / ||b|| <= 4e-2`` per gradient, 512
+    tokens; 0.018 measured on jax 0.10.2; that module says why later XLA:CPUs need 4e-2)."""
     model = tiny("cola")
     params = jax.device_get(init_params(abstract_model(model)[1], seed=0))
     inputs, targets = (jax.random.randint(jax.random.key(i), (BATCH, 4 * SEQ), 0,
@@ -50,7 +51,7 @@ def test_bf16_fsdp_matches_single_device_bf16(options):
     parallel = Parallel(data=2, tensor=4, zero=3, **options)
     loss, grads = loss_and_grads(model, parallel, params, inputs, targets, "bfloat16")
     assert rel_err(loss, ref_loss) <= 2e-2
-    assert tree_rel_err(grads, ref_grads, norm_rel_err) <= 2e-2
+    assert tree_rel_err(grads, ref_grads, norm_rel_err) <= 4e-2
 
 
 @pytest.mark.parametrize("zero, reduce_dtype, dtype", [
