@@ -214,10 +214,11 @@ def _apply_if(finite: jax.Array, apply: Callable, *state):
     * CPU: a conditional. XLA:CPU runs it on the host thread anyway and updates the donated
       state in place inside the branch; with a select it copies parameter- and moment-sized
       buffers (more temporary memory, measured on the compiled step).
-    * GPU (any other platform): a select per leaf, fused into the update's elementwise
-      kernels. XLA:GPU runs a conditional by copying its predicate to the host and waiting
-      for it: the host would stall until the step's gradient norm exists before it could
-      launch the update or queue the next step.
+    * GPU (any other platform): a select per leaf, elementwise work XLA can fuse into the
+      update's kernels (whether XLA:GPU then copies any buffer is not yet measured on a GPU).
+      XLA:GPU runs a conditional by copying its predicate to the host and waiting for it: the
+      host would stall until the step's gradient norm exists before it could launch the
+      update or queue the next step.
     """
     def cond(finite, *state):
         return lax.cond(finite, apply, lambda *x: x, *state)
