@@ -109,7 +109,8 @@ class ShardedModel:
         self.canonical_layout = data_layout(model, parallel)
         self.layout = DataLayout(parallel.zero, dict(mesh.shape),
                                  map_blocks(plan_specs(model, parallel), self._stage_spec),
-                                 self.param_shapes(), {STACKED: 2 if self.repeats > 1 else 1})
+                                 self.param_shapes(), {STACKED: 2 if self.repeats > 1 else 1},
+                                 parallel.reduce_dtype)
         self.param_specs = self.layout.param_specs
         self.param_shardings = self._named(self.param_specs)
         self.batch_sharding = NamedSharding(mesh, BATCH_SPEC)
@@ -213,7 +214,7 @@ class ShardedModel:
         def local(params, batch, n_tokens):
             # marked varying where replicated: a gradient taken from outside is then reduced
             # once per step, not once per use
-            params = self.layout.differentiable(self.layout.gather_globals(params))
+            params = self.layout.differentiable(self.layout.gather_globals(params, self.dtype))
             share = self.local_loss(params, batch, n_tokens)
             return jax.lax.psum(share, self.loss_axes) if self.loss_axes else share
 
@@ -232,7 +233,7 @@ class ShardedModel:
                                       "parallelism use loss()")
 
         def local(params, tokens, *segments):
-            model = self.bound(self.layout.gather_globals(params))
+            model = self.bound(self.layout.gather_globals(params, self.dtype))
             return model.logits(tokens, self.plan, *segments)
 
         out = P(DATA, None, self.plan.rules.get("vocab"))

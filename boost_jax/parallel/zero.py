@@ -28,11 +28,10 @@ shard. A parameter without such a dimension stays replicated (and all-reduced) a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -124,15 +123,15 @@ class DataLayout:
       specs, shapes: the plan's PartitionSpecs and the global shapes of the parameters (nested
         dicts); ``stacked`` maps a top-level key (the decoder's ``blocks``) to the number of
         leading layer axes of its leaves.
+      reduce_dtype: ``Parallel.reduce_dtype``, the dtype every gradient reduction over
+        ``data`` sums in (:meth:`reduce`, and FSDP's per-layer reduce-scatters).
     """
 
     def __init__(self, stage: int, mesh_shape: Mapping[str, int], specs: dict, shapes: dict,
-                 stacked: Mapping[str, int]):
+                 stacked: Mapping[str, int], reduce_dtype="float32"):
         self.stage, self.mesh_shape = stage, dict(mesh_shape)
         self.data = self.mesh_shape[DATA]
-        #: what FSDP's per-layer gathers reduce-scatter their gradients in (see
-        #: :meth:`reducing_in`)
-        self.layer_reduce_dtype = jnp.dtype(jnp.float32)
+        self.reduce_dtype = jnp.dtype(reduce_dtype)
 
         def leaf(path, spec, shape):
             keys = _keys(path)
@@ -217,23 +216,12 @@ class DataLayout:
                                   tiled=True)
         return self._map(gather, params)
 
-    @contextlib.contextmanager
-    def reducing_in(self, dtype) -> Iterator[None]:
-        """While tracing inside this context, FSDP's per-layer gathers (:meth:`gather_layer`)
-        reduce-scatter their gradients in ``dtype`` (``Parallel.reduce_dtype``; the train step
-        sets it around its gradients, outside it fp32)."""
-        old, self.layer_reduce_dtype = self.layer_reduce_dtype, jnp.dtype(dtype)
-        try:
-            yield
-        finally:
-            self.layer_reduce_dtype = old
-
     def gather_layer(self, layer, dtype) -> object:
         """FSDP: one layer's parameters (stacked axes indexed away) cast to the compute
         ``dtype``, all-gathered over ``data`` and tagged :data:`GATHERED` (never kept for
         backward); their gradients are reduce-scattered back onto the shards in the backward
-        loop, in :attr:`layer_reduce_dtype`."""
-        dtype, reduce_dtype = jnp.dtype(dtype), self.layer_reduce_dtype
+        loop, in :attr:`reduce_dtype`."""
+        dtype, reduce_dtype = jnp.dtype(dtype), self.reduce_dtype
 
         def gather(path, p):
             lf = self.block_leaves[_keys(path)]
@@ -253,16 +241,16 @@ class DataLayout:
         parameters (gathered once per step by :meth:`gather_globals`)."""
         return self.sharded(lf) and (self.stage == 1 or not lf.layer_dims)
 
-    def reduce(self, grads: dict, dtype=jnp.float32) -> dict:
+    def reduce(self, grads: dict) -> dict:
         """Sum this device's partial gradients over the axes each parameter is replicated
-        over, in ``dtype`` (``Parallel.reduce_dtype``): all-reduce (stage 0, and unsplit
+        over, in :attr:`reduce_dtype`: all-reduce (stage 0, and unsplit
         leaves), reduce-scatter onto the zero dim (stage 1, FSDP's non-layer parameters),
         nothing for FSDP's layer parameters (reduce-scattered in the backward pass). The
         result is fp32, laid out by :attr:`moment_specs`."""
         def reduce(lf, g):
             axes = lf.reduce
             if self.partial_after_gather(lf) or axes:
-                g = g.astype(dtype)
+                g = g.astype(self.reduce_dtype)
             if self.partial_after_gather(lf):
                 g = lax.psum_scatter(g, DATA, scatter_dimension=lf.dim, tiled=True)
                 axes = tuple(a for a in axes if a != DATA)

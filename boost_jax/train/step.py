@@ -149,15 +149,14 @@ def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Arr
     def grad_fn(p, b):
         return jax.value_and_grad(model.local_loss)(p, b, n_tokens)
 
-    layout, reduce_dtype = model.layout, jnp.dtype(model.parallel.reduce_dtype)
+    layout = model.layout
     # FSDP: the non-layer parameters gathered in the compute dtype (the loss casts them to it
     # anyway, so the gradients are the same)
     params = layout.differentiable(layout.gather_globals(params, model.dtype))
-    with layout.reducing_in(reduce_dtype):
-        loss, grads = accumulate(grad_fn, params, batch, model.parallel.grad_accum)
+    loss, grads = accumulate(grad_fn, params, batch, model.parallel.grad_accum)
     if model.loss_axes:
         loss = lax.psum(loss, model.loss_axes)
-    return loss, layout.reduce(grads, reduce_dtype)
+    return loss, layout.reduce(grads)
 
 
 def global_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
