@@ -168,3 +168,105 @@ def cudnn_trace_standin(cudnn_version: int = 91000):
     finally:
         for name, fn in saved.items():
             setattr(fa, name, fn)
+
+
+# --- manual axis types inside shard_map ---------------------------------------------------------
+
+def varying_axes(x) -> frozenset[str]:
+    """The mesh axes ``x`` varies over inside a ``shard_map`` region (empty outside one).
+
+    ``x``: a value (array or tracer) or a ``jax.ShapeDtypeStruct`` (``jax.eval_shape`` inside
+    the region keeps the type). jax 0.10.2 to 0.12.0.1: ``jax.typeof(x).manual_axis_type
+    .varying`` (older JAX called it ``.vma``); an AttributeError naming this JAX where it
+    moved (tests/test_compat.py)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        holder, what = x, "jax.ShapeDtypeStruct"
+    else:
+        holder, what = jax.typeof(x), "jax.typeof(x)"
+    if not hasattr(holder, "manual_axis_type"):
+        raise AttributeError(f"jax {jax.__version__}: {what} has no manual_axis_type "
+                             "(written for jax 0.10.2 to 0.12.0.1)")
+    manual = holder.manual_axis_type
+    return frozenset(manual.varying) if manual is not None else frozenset()
+
+
+# --- JAX's persistent compilation cache: its monitoring events ----------------------------------
+
+#: the ``jax.monitoring`` events JAX records when its persistent compilation cache serves a
+#: compilation or misses (undocumented names, ``jax/_src/compiler.py`` and
+#: ``compilation_cache.py``; the same in jax 0.10.2 to 0.12.0.1: tests/test_compat.py)
+COMPILATION_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
+                            "/jax/compilation_cache/cache_misses": "misses"}
+
+
+# --- orbax-checkpoint's private Zarr v3 metadata builder (train/integrity.py) --------------------
+
+#: the module and function through which orbax-checkpoint builds every Zarr v3 array's metadata
+#: (its codec chain); train/integrity.py wraps it to turn on zstd's chunk checksums
+ORBAX_ZARR3_BUILDER = ("orbax.checkpoint._src.serialization.tensorstore_utils",
+                       "_build_zarr3_metadata")
+
+
+def orbax_version() -> str:
+    """The installed orbax-checkpoint's version."""
+    import orbax.checkpoint as ocp
+
+    return ocp.__version__
+
+
+def orbax_zarr3_builder():
+    """orbax-checkpoint's private ``_build_zarr3_metadata(shape, chunk_shape,
+    use_compression)``, or a one-line RuntimeError naming the installed orbax where it moved."""
+    import importlib
+
+    module, name = ORBAX_ZARR3_BUILDER
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise RuntimeError(
+            f"orbax-checkpoint {orbax_version()} has no {module}.{name} (boost_jax is tested "
+            f"with orbax-checkpoint {TESTED['orbax-checkpoint'][0]}); chunk checksums cannot "
+            "be installed: install a tested orbax-checkpoint (pyproject.toml)") from None
+
+
+def set_orbax_zarr3_builder(fn) -> None:
+    """Make orbax-checkpoint build every Zarr v3 array's metadata with ``fn`` in this process."""
+    import importlib
+
+    module, name = ORBAX_ZARR3_BUILDER
+    orbax_zarr3_builder()  # the clear error where it moved
+    setattr(importlib.import_module(module), name, fn)
+
+
+# --- the versions boost_jax is tested with --------------------------------------------------------
+
+#: ``package: (lowest tested, first untested)``, the ranges pyproject.toml pins for the
+#: libraries whose internals this module touches (tests/test_compat.py checks both agree and
+#: that the installed versions are inside): jax 0.10.2 (Python 3.11), 0.11.2 (the GPU
+#: machines), 0.12.0.1 (Python 3.12 / 3.13); orbax-checkpoint 0.12.8
+TESTED = {"jax": ("0.10.2", "0.13"), "orbax-checkpoint": ("0.12.8", "0.13")}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``'0.12.0.1'`` -> ``(0, 12, 0, 1)`` (the leading release numbers; ``'0.13.0rc1'`` ->
+    ``(0, 13, 0)``)."""
+    import re
+
+    return tuple(int(p) for p in re.match(r"\d+(?:\.\d+)*", version).group().split("."))
+
+
+def untested_versions() -> list[str]:
+    """The installed packages of :data:`TESTED` outside their tested range, as
+    ``'jax 0.13.0 (tested: >=0.10.2,<0.13)'`` (empty: all inside)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for package, (low, high) in TESTED.items():
+        try:
+            have = version(package)
+        except PackageNotFoundError:
+            out.append(f"{package} not installed (tested: >={low},<{high})")
+            continue
+        if not _release(low) <= _release(have) < _release(high):
+            out.append(f"{package} {have} (tested: >={low},<{high})")
+    return out

@@ -89,3 +89,134 @@ def test_cudnn_packed_gqa_repeats_kv_only_where_needed():
     (fwd,) = [op for op in ops if op.target == "__cudnn$fmhaSoftmax"]
     heads = 2 if compat.cudnn_packed_gqa_native() else 4
     assert fwd.operands[1].shape == (1, 8, heads, 8)
+
+
+# --- the other internals compat.py resolves, and the tested versions -------------------------
+
+
+def _in_region(fn, *args):
+    """``fn(*args)`` traced inside a shard_map region over ``data=2 x tensor=4``, the first
+    argument split over data, the rest replicated; returns what ``fn`` recorded."""
+    from jax.sharding import NamedSharding
+
+    from boost_jax.config import Parallel
+    from boost_jax.parallel.mesh import make_mesh
+
+    mesh = make_mesh(Parallel(data=2, tensor=4))
+    specs = (jax.P("data"),) + (jax.P(),) * (len(args) - 1)
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    seen = {}
+
+    def body(*xs):
+        seen.update(fn(*xs))
+        return xs[0]
+
+    with jax.set_mesh(mesh):
+        jax.jit(jax.shard_map(body, in_specs=specs, out_specs=jax.P("data")))(*args)
+    return seen
+
+
+def test_varying_axes_inside_and_outside_a_region():
+    """A value split over data varies over data, a replicated one over nothing, a psum's result
+    over nothing; ``jax.eval_shape`` inside the region keeps the type; outside: nothing."""
+    def record(x, y):
+        return {"x": compat.varying_axes(x), "y": compat.varying_axes(y),
+                "psum": compat.varying_axes(jax.lax.psum(x, "data")),
+                "shape": compat.varying_axes(jax.eval_shape(lambda v: v * 2, x)),
+                "pcast": compat.varying_axes(jax.lax.pcast(y, ("tensor",), to="varying"))}
+
+    seen = _in_region(record, jnp.zeros(8), jnp.zeros(3))
+    assert seen == {"x": {"data"}, "y": set(), "psum": set(), "shape": {"data"},
+                    "pcast": {"tensor"}}
+    assert compat.varying_axes(jnp.zeros(3)) == frozenset()
+    assert compat.varying_axes(jax.ShapeDtypeStruct((3,), jnp.float32)) == frozenset()
+
+
+def test_varying_axes_moved_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(jax, "typeof", lambda x: object())
+    with pytest.raises(AttributeError, match=r"jax .*: jax.typeof\(x\) has no manual_axis_type"):
+        compat.varying_axes(jnp.zeros(3))
+
+
+def test_compilation_cache_events(tmp_path):
+    """JAX records the events :data:`compat.COMPILATION_CACHE_EVENTS` names: a miss for a new
+    program, a hit for the same program after the in-memory caches are cleared (what
+    ``compiling ...`` lines of the trainer report, train/progress.py)."""
+    import uuid
+
+    counts = {"hits": 0, "misses": 0}
+
+    def listen(event: str, **kwargs) -> None:
+        if event in compat.COMPILATION_CACHE_EVENTS:
+            counts[compat.COMPILATION_CACHE_EVENTS[event]] += 1
+
+    salt = uuid.uuid4().int % 2**31  # a program no earlier run has cached
+    fn = jax.jit(lambda x: jnp.sin(x) * salt + 1.0)
+    assert jax.config.jax_compilation_cache_dir  # tests/conftest.py turns the cache on
+    jax.monitoring.register_event_listener(listen)
+    try:
+        fn(np.ones(4, np.float32)).block_until_ready()
+        after_first = dict(counts)
+        jax.clear_caches()
+        fn(np.ones(4, np.float32)).block_until_ready()
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+    assert after_first == {"hits": 0, "misses": 1}
+    assert counts == {"hits": 1, "misses": 1}
+
+
+def test_orbax_zarr3_builder_builds_what_the_checksum_hook_edits():
+    """orbax's private builder exists and gives a sharded array whose chunks are zstd-compressed
+    (the codec train/integrity.py turns the checksum on in), with or without the hook."""
+    from boost_jax.train import integrity
+
+    build = compat.orbax_zarr3_builder()
+    build = getattr(build, "unwrapped", build)
+    (zstd,) = integrity._compression(build((8,), (8,), use_compression=True))
+    assert zstd["name"] == "zstd" and not zstd.get("configuration", {}).get("checksum")
+    integrity.install_chunk_checksums()
+    (zstd,) = integrity._compression(compat.orbax_zarr3_builder()((8,), (8,), True))
+    assert zstd["configuration"]["checksum"] is True
+
+
+def test_orbax_zarr3_builder_moved_is_a_clear_error(monkeypatch):
+    """An orbax without the builder, or with one that builds something else: one line naming
+    the installed orbax, no checkpoint written unverified."""
+    import importlib
+
+    from boost_jax.train import integrity
+
+    module, name = compat.ORBAX_ZARR3_BUILDER
+    monkeypatch.setattr(compat, "ORBAX_ZARR3_BUILDER", (module, "_gone"))
+    with pytest.raises(RuntimeError, match=r"orbax-checkpoint \S+ has no .*\._gone"):
+        integrity.install_chunk_checksums()
+    monkeypatch.setattr(compat, "ORBAX_ZARR3_BUILDER", (module, name))
+    monkeypatch.setattr(importlib.import_module(module), name,
+                        lambda *a, **k: {"codecs": [{"name": "bytes"}]})
+    with pytest.raises(RuntimeError, match="builds its Zarr v3 metadata differently"):
+        integrity.install_chunk_checksums()
+
+
+def test_installed_versions_are_the_tested_ones_and_pyproject_pins_them():
+    """jax and orbax-checkpoint inside compat.TESTED, and pyproject.toml's pins (the
+    dependencies and the gpu extra's CUDA jax) the same ranges: a JAX or orbax outside them
+    is untested, whatever pip allowed."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    assert compat.untested_versions() == []
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pins = project["project"]["dependencies"] + project["project"]["optional-dependencies"]["gpu"]
+    for package, (low, high) in compat.TESTED.items():
+        want = f">={low},<{high}"
+        found = [p for p in pins if re.match(rf"{re.escape(package)}(\[[\w,]+\])?[<>=]", p)]
+        assert found and all(p.endswith(want) for p in found), (package, want, found)
+
+
+def test_untested_versions_says_which(monkeypatch):
+    assert compat._release("0.12.0.1") == (0, 12, 0, 1)
+    assert compat._release("0.13.0rc1") == (0, 13, 0)
+    monkeypatch.setitem(compat.TESTED, "jax", ("0.1", "0.2"))
+    (line,) = compat.untested_versions()
+    assert line == f"jax {jax.__version__} (tested: >=0.1,<0.2)"

@@ -27,8 +27,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
-from orbax.checkpoint._src.serialization import tensorstore_utils
+
+from boost_jax import compat
 
 STATE_FORMAT = "zarr3+zstd-checksum"  # recorded in a checkpoint's meta; absent: written without
 
@@ -58,28 +58,29 @@ def install_chunk_checksums() -> None:
     """Make every Zarr v3 array orbax writes compressed in this process checksum its chunks
     (idempotent; boost_jax's checkpoints are always compressed).
 
-    Raises a one-line RuntimeError when the installed orbax builds its Zarr v3 metadata in a
-    way this hook does not know (an orbax upgrade): checkpoints are never written unverified
-    without saying so."""
-    build = getattr(tensorstore_utils, "_build_zarr3_metadata", None)
+    orbax has no option for it: the hook wraps orbax's private metadata builder
+    (:func:`boost_jax.compat.orbax_zarr3_builder`). Raises a one-line RuntimeError when the
+    installed orbax has moved it or builds its Zarr v3 metadata in a way this hook does not
+    know (an orbax upgrade): checkpoints are never written unverified without saying so."""
+    build = compat.orbax_zarr3_builder()
     if getattr(build, "unwrapped", None) is not None:
         return
     try:
         (_,) = _compression(build((8,), (8,), use_compression=True))
     except Exception as err:
         raise RuntimeError(
-            f"orbax-checkpoint {ocp.__version__} builds its Zarr v3 metadata differently from "
-            f"what boost_jax/train/integrity.py expects ({type(err).__name__}: {err}); "
-            "chunk checksums cannot be installed: pin orbax-checkpoint to a tested version"
-        ) from None
-    tensorstore_utils._build_zarr3_metadata = _with_chunk_checksum(build)
+            f"orbax-checkpoint {compat.orbax_version()} builds its Zarr v3 metadata "
+            f"differently from what boost_jax/train/integrity.py expects "
+            f"({type(err).__name__}: {err}); chunk checksums cannot be installed: install a "
+            "tested orbax-checkpoint (pyproject.toml)") from None
+    compat.set_orbax_zarr3_builder(_with_chunk_checksum(build))
 
 
 def zarr3_metadata(shape: list[int], checksum: bool = True) -> dict:
     """The Zarr v3 metadata orbax writes for an array of ``shape`` in one chunk, with or
     without the chunk checksum (for ``bench checkpoint``'s encode timing)."""
     install_chunk_checksums()
-    build = tensorstore_utils._build_zarr3_metadata
+    build = compat.orbax_zarr3_builder()
     return (build if checksum else build.unwrapped)(shape, shape, True)
 
 
@@ -87,12 +88,12 @@ def zarr3_metadata(shape: list[int], checksum: bool = True) -> dict:
 def chunk_checksums_off():
     """Write without chunk checksums inside this block (for ``bench checkpoint`` only)."""
     install_chunk_checksums()
-    checksummed = tensorstore_utils._build_zarr3_metadata
-    tensorstore_utils._build_zarr3_metadata = checksummed.unwrapped
+    checksummed = compat.orbax_zarr3_builder()
+    compat.set_orbax_zarr3_builder(checksummed.unwrapped)
     try:
         yield
     finally:
-        tensorstore_utils._build_zarr3_metadata = checksummed
+        compat.set_orbax_zarr3_builder(checksummed)
 
 
 @jax.jit

@@ -18,8 +18,7 @@ from typing import TextIO
 
 import jax
 
-CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
-                "/jax/compilation_cache/cache_misses": "misses"}  # jax/_src/compiler.py
+from boost_jax.compat import COMPILATION_CACHE_EVENTS as CACHE_EVENTS
 
 
 def say(message: str, file: TextIO | None = None) -> None:
