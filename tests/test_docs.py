@@ -455,3 +455,18 @@ def test_sections_other_files_point_to_exist():
     texts = [(REPO / "pyproject.toml").read_text(), *LAUNCH.values(), *CONFIGS.values()]
     named = {s for t in texts for s in re.findall(r'README, "([^"]+)"', t)}
     assert not named - headings, f"README sections that do not exist: {sorted(named - headings)}"
+
+
+def test_version_ranges_quoted_are_the_pins():
+    """A version range the README quotes (```>=a,<b```) is one that pyproject.toml pins (the
+    dependencies or an extra), so the README cannot keep an old pin."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = project["dependencies"] + [p for extra in project["optional-dependencies"].values()
+                                      for p in extra]
+    specs = {re.sub(r"^[\w.-]+(\[[\w,-]+\])?", "", p).split(";")[0].strip() for p in pins}
+    quoted = set(re.findall(r"`(>=[\w.]+,<[\w.]+)`", README))
+    assert quoted, "the README quotes jax's range (GPU hosts)"
+    assert quoted <= specs, (
+        f"ranges the README quotes that pyproject.toml does not pin: {sorted(quoted - specs)}")
