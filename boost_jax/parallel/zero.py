@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from boost_jax import compat
 from boost_jax.parallel.plans.base import DATA, PIPE, region_axes
 from boost_jax.parallel.remat import GATHERED, tag
 
@@ -79,7 +80,7 @@ class Leaf:
 
 def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     """``x`` marked varying over every axis of ``axes`` (a psum over them needs that)."""
-    have = jax.typeof(x).manual_axis_type.varying
+    have = compat.varying_axes(x)
     missing = tuple(a for a in axes if a not in have)
     return lax.pcast(x, missing, to="varying") if missing else x
 

@@ -28,6 +28,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from boost_jax import compat
 from boost_jax.models.batch import batch_keys, token_count
 from boost_jax.parallel.plans.base import DATA, MESH_AXES
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
@@ -102,8 +103,7 @@ def _zeros(like: jax.ShapeDtypeStruct) -> jax.Array:
     """fp32 zeros of ``like``'s shape, varying over the mesh axes ``like`` varies over (a
     ``lax.scan`` carry must keep its type)."""
     zeros = jnp.zeros(like.shape, jnp.float32)
-    manual = getattr(like, "manual_axis_type", None)
-    axes = tuple(sorted(manual.varying)) if manual is not None else ()
+    axes = tuple(sorted(compat.varying_axes(like)))
     return lax.pcast(zeros, axes, to="varying") if axes else zeros
 
 
