@@ -172,7 +172,7 @@ def test_every_benchmark_the_readme_names_exists():
 
 
 # flags of other programs in the README's commands: pip's, sbatch's, srun's
-OTHER_PROGRAMS_FLAGS = {"index-url", "no-deps", "nodes", "signal", "kill-on-bad-exit",
+OTHER_PROGRAMS_FLAGS = {"index-url", "no-deps", "target", "nodes", "signal", "kill-on-bad-exit",
                         # the LORO authors' run_c4.py, cited in the LORO section
                         "loro_lr_scaler", "loro_refresh", "lr_adjust_steps", "weight_decay"}
 ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile"}
