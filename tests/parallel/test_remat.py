@@ -149,12 +149,13 @@ def test_lowrank_memory_on_a_7b_shaped_model():
     ====================  ======================  ======================
 
     jaxlib 0.10.2's XLA:CPU computes bf16 dots in fp32 and converts the stacked bf16 residuals
-    to fp32 ahead of the backward loop, holding them in both precisions; from 0.11 the loop
-    reads them in bf16 (XLA:CPU's YNNPACK dots take bf16), so every policy shrinks and ``none``,
-    which keeps the most, most: at 2 layers ``lowrank`` went from 0.49 of ``none`` to 0.60,
-    the fixed part now weighing more. Per layer, the newer compiler's figures are what the
-    policy keeps (:func:`test_lowrank_keeps_the_chunk_boundaries_only`) plus the layer's
-    gradients: ``lowrank`` 0.19 of ``none`` (0.23 on 0.10.2)."""
+    to fp32 ahead of the backward loop (the loop's carry holds fp32 copies of them, read from
+    the compiled HLO), holding them in both precisions; from 0.11 the loop carries them in bf16
+    only, so every policy shrinks and ``none``, which keeps the most, most: at 2 layers
+    ``lowrank`` went from 0.49 of ``none`` to 0.60, the fixed part now weighing more. Per
+    layer, the newer compiler's figures are what the policy keeps
+    (:func:`test_lowrank_keeps_the_chunk_boundaries_only`) plus the layer's gradients:
+    ``lowrank`` 0.19 of ``none`` (0.23 on 0.10.2)."""
     temp = {(remat, layers): _temp_memory(remat, layers)
             for remat in ("none", "full", "lowrank") for layers in (2, 4)}
     two_layers = {remat: temp[remat, 4] - temp[remat, 2] for remat in ("none", "full", "lowrank")}
