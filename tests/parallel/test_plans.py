@@ -18,15 +18,16 @@ jax (jaxlib)       single-device bf16 vs fp32 (own error)  plan bf16 vs single-d
 0.12.0.1           0.029 (cola), 0.028 (dense)             0.031
 =================  =====================================  ==============================
 
-From jaxlib 0.11, XLA:CPU computes some bf16 weight-gradient dots -- those it marks for its
-YNNPACK fusion but then emits unfused, e.g. ``o`` and ``down``'s ``x^T dy`` whose operand
-arrives transposed -- with bf16 accumulation instead of fp32 over the 512 tokens: the
-single-device model itself moved 2-3x further from fp32, and which dots are hit differs
-between a plan's program and the single device's. With ``--xla_cpu_experimental_ynn_fusion_type=``
-(YNN fusion off) jax 0.12.0.1 gives back 0.10.2's numbers exactly (0.016 / 0.008 and 0.018).
-GPUs accumulate bf16 dots in fp32. The test also checks the single-device model's own error
-against fp32 (``BF16_OWN``), so a further change in XLA's bf16 numerics fails as that, not as
-a plan's.
+From jaxlib 0.11, XLA:CPU leaves some bf16 dots in bf16 where 0.10.2 converted their operands
+to fp32 first -- seen in a weight gradient's ``x^T dy`` over the tokens, a plain bf16 ``dot``
+outside any fusion -- and those accumulate in bf16 (a 64x512x64 weight gradient: 2e-2 from
+fp32 instead of 2e-3). The single-device model itself moved 2-3x further from fp32, and which
+dots are hit differs between a plan's program and the single device's. With XLA:CPU's YNN
+fusion off (``--xla_cpu_experimental_ynn_fusion_type=``) the operands are converted again and
+jax 0.12.0.1 gives back 0.10.2's numbers exactly (0.016 / 0.008 and 0.018). The test also
+checks the single-device model's own error against fp32 (``BF16_OWN``), so a further change
+in XLA's bf16 numerics fails as that, not as a plan's. (The suite runs on CPU; XLA's GPU dots
+take an fp32 compute type, not measured here.)
 """
 
 import functools
