@@ -61,3 +61,20 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     grad_fn = make_grad_fn(sharded)
     loss, grads = jax.device_get(grad_fn(p, batch))
     return loss, sharded.to_canonical(grads)
+
+
+def packed_segments(rows, seq: int):
+    """The :class:`~boost_jax.models.attention.Segments` of packed rows given each row's
+    document lengths (``rows[r] = (n_1, n_2, ...)``, ids ``1, 2, ...``, the rest of the
+    ``seq`` tokens padding, id 0); positions restart at every document."""
+    import jax.numpy as jnp
+
+    from boost_jax.models.attention import Segments
+
+    ids, pos = np.zeros((len(rows), seq), np.int32), np.zeros((len(rows), seq), np.int32)
+    for r, row in enumerate(rows):
+        at = 0
+        for seg, n in enumerate(row, start=1):
+            ids[r, at:at + n], pos[r, at:at + n] = seg, np.arange(n)
+            at += n
+    return Segments(jnp.asarray(ids), jnp.asarray(pos))

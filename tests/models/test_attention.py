@@ -15,6 +15,7 @@ from boost_jax import compat, gpu_verified
 from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 from boost_jax.models import attention
 from boost_jax.models.attention import Segments, packed_layout, reference_attention
+from boost_jax.testing import packed_segments
 
 #: documents per row (lengths); the rest of the row (length SEQ) is padding
 ROWS = [(5, 7, 3), (9, 6), (24,), (1, 1, 2, 4, 1, 3)]
@@ -22,13 +23,7 @@ SEQ = 24
 
 
 def _segments(rows=ROWS, seq=SEQ) -> Segments:
-    ids, pos = np.zeros((len(rows), seq), np.int32), np.zeros((len(rows), seq), np.int32)
-    for r, row in enumerate(rows):
-        at = 0
-        for seg, n in enumerate(row, start=1):
-            ids[r, at:at + n], pos[r, at:at + n] = seg, np.arange(n)
-            at += n
-    return Segments(jnp.asarray(ids), jnp.asarray(pos))
+    return packed_segments(rows, seq)
 
 
 def _layout_mask(seqlens, offsets, seq: int) -> np.ndarray:

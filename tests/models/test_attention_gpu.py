@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from boost_jax.models.attention import Segments, causal_attention, reference_attention
-from boost_jax.testing import norm_rel_err
+from boost_jax.testing import norm_rel_err, packed_segments
 from tests.gpu import gpu_device
 
 pytestmark = pytest.mark.gpu
@@ -33,13 +33,7 @@ def gpu():
 
 
 def _segments() -> Segments:
-    ids, pos = np.zeros((len(ROWS), SEQ), np.int32), np.zeros((len(ROWS), SEQ), np.int32)
-    for r, row in enumerate(ROWS):
-        at = 0
-        for seg, n in enumerate(row, start=1):
-            ids[r, at:at + n], pos[r, at:at + n] = seg, np.arange(n)
-            at += n
-    return Segments(jnp.asarray(ids), jnp.asarray(pos))
+    return packed_segments(ROWS, SEQ)
 
 
 def _loss_and_grads(attend, q, k, v, weights):
