@@ -429,6 +429,12 @@ class Config:
                    f"Parallel.microbatches={par.microbatches} does not divide the batch of a "
                    f"data shard's pipeline pass (Train.batch_size / Parallel.data / "
                    f"Parallel.grad_accum = {per_pass})")
+            pass_tokens = per_pass * self.train.seq_len
+            _check(pass_tokens % par.pipe == 0,
+                   f"Parallel.pipe={par.pipe} does not divide the {pass_tokens} tokens of a data "
+                   f"shard's pipeline pass (Train.batch_size / Parallel.data / "
+                   f"Parallel.grad_accum x Train.seq_len): each stage embeds and runs the head "
+                   f"on an equal share of them")
             stages = par.pipe * par.repeats
             _check(m.n_layers % stages == 0,
                    f"Model.n_layers={m.n_layers} is not divisible by Parallel.pipe x "

@@ -119,6 +119,16 @@ def test_bad_pipeline_layouts(parallel, model, needle):
     assert needle in _err(cfg)
 
 
+def test_pipe_must_divide_a_pass_tokens():
+    """Each stage embeds and runs the head on 1/pipe of a pipeline pass's tokens."""
+    from boost_jax.config import Config
+
+    parallel = Parallel(pipe=2, tensor=1, tp_plan="none", data=8)  # one row of 7 tokens
+    assert "Parallel.pipe=2 does not divide the 7 tokens" in _err(
+        lambda: Config(Model(size="tiny"), parallel, Train(batch_size=8, seq_len=7), Data()))
+    Config(Model(size="tiny"), parallel, Train(batch_size=8, seq_len=8), Data())
+
+
 def test_unknown_gin_binding():
     assert "Model' doesn't have a parameter named 'depth'" in _err(
         lambda: parse_gin(bindings=["Model.depth=3"]))

@@ -40,8 +40,13 @@ three ``[T]`` reductions.
 Pipelining (``pipe`` > 1): every device runs its stage's layers in each of the ``R M + S - 1``
 iterations (bubbles included), on a microbatch at a time, and one ``ppermute`` of the
 ``[mb, seq, d_local]`` residual (``d/p`` under ``btp``) per iteration each way crosses the
-``pipe`` axis. Gradient accumulation (``Parallel.grad_accum = K``) runs all of the above ``K``
-times per step, on ``1/K`` of the tokens each.
+``pipe`` axis. The boundaries run sharded over ``pipe`` (parallel/pipeline.py): each stage
+embeds, normalises and runs the head and loss on ``T / S`` of the tokens, so the tensor-axis
+boundary collectives above are on ``T / S`` tokens, and ``pipe`` carries four ``[T,
+d_local]`` collectives more per step -- the all-gather of the embedded chunks (backward: its
+reduce-scatter) and the reduce-scatter of the last stage's final residuals into each stage's
+chunk (backward: its all-gather). Gradient accumulation (``Parallel.grad_accum = K``) runs
+all of the above ``K`` times per step, on ``1/K`` of the tokens each.
 
 Gradients and parameters over ``data`` (and ``pipe`` for what every stage holds), by
 ``Parallel.zero`` (:func:`gradient_transfers`): one all-reduce per step after accumulation, or
@@ -271,14 +276,17 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, dtype: s
     bwd_bytes = sum(e * b for e, b in bwd_list)
     d = model.d_model
     steps: dict[str, float] = collections.defaultdict(float)
+    edge = tokens // parallel.pipe  # tokens of the boundaries (a stage's share when pipelined)
     if parallel.tensor > 1:
-        boundary = 2 * tokens * d + 3 * tokens  # embedding and head input, sharded CE
+        boundary = 2 * edge * d + 3 * edge  # embedding and head input, sharded CE
         if parallel.tp_plan == "btp":  # reduce-scatter/all-gather pairs, final norm statistic
-            boundary = 4 * tokens * d + 3 * tokens + 2 * tokens
+            boundary = 4 * edge * d + 3 * edge + 2 * edge
         steps["tensor"] = (fwd + bwd) * run["tokens"] * run["executions"] + boundary
     if parallel.pipe > 1:  # the residual (shard) of a microbatch moves forward and back
         d_local = d // parallel.tensor if parallel.tp_plan == "btp" else d
         steps["pipe"] += 2 * k * run["iterations"] * run["tokens"] * d_local
+        # the embedded chunks all-gathered, the final residuals reduce-scattered (and back)
+        steps["pipe"] += 4 * tokens * d_local
     for t in gradient_transfers(model, parallel) + scalar_transfers(parallel, packed):
         steps[t.axes] += t.elements
     return Comm(fwd, bwd, fwd_bytes, bwd_bytes, run["looped"], dict(steps))

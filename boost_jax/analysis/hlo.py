@@ -289,3 +289,37 @@ def entry_instructions(hlo: str) -> list[tuple[str, str, str, list[str]]]:
     computation (the step outside any loop)."""
     comps, _, entry = _parse(hlo)
     return [(i.name, i.type, i.op, i.operands) for i in comps[entry]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dot:
+    """One ``dot`` instruction of a compiled program: JAX's ``op_name``, the per-device result
+    ``shape``, ``contracted`` (the product of the contracted dimensions) and ``count``
+    (executions per call, ``while`` trip counts applied)."""
+
+    op_name: str
+    shape: tuple[int, ...]
+    contracted: int
+    count: int
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x 2 per call."""
+        return 2 * math.prod(self.shape) * self.contracted * self.count
+
+
+def dots(hlo: str) -> list[Dot]:
+    """Every ``dot`` of compiled HLO text (fusions' included) that runs."""
+    comps, _, entry = _parse(hlo)
+    mult = _multiplicities(comps, entry)
+    out = []
+    for comp, instrs in comps.items():
+        types = {i.name: i.type for i in instrs}
+        for ins in (i for i in instrs if i.op == "dot" and comp in mult):
+            lhs = _arrays(types[ins.operands[0]])[0][1]
+            dims = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.attrs).group(1)
+            name = _OP_NAME.search(ins.attrs)
+            out.append(Dot(name.group(1) if name else "", _arrays(ins.type)[0][1],
+                           math.prod(lhs[int(i)] for i in dims.split(",") if i),
+                           mult[comp][0]))
+    return out

@@ -18,7 +18,10 @@ attention; ``btp``'s ``[T, d/p] x [d/p, 3r]``). Times:
 * backward = 2x the forward GEMMs; ``lowrank`` remat re-runs the column GEMMs and attention,
   ``full`` the whole forward (and its TP collectives);
 * pipeline: ``(R M + S - 1)`` iterations of the slowest stage's microbatch time (GPipe /
-  circular), plus one point-to-point send of the residual (shard) per iteration each way;
+  circular), plus one point-to-point send of the residual (shard) per iteration each way; the
+  embedding, head and cross-entropy run on every stage, each on ``1/S`` of a pass's tokens
+  (parallel/pipeline.py), with the ring all-gather and reduce-scatter of the pass's ``[T,
+  d_local]`` residual over ``pipe``, forward and backward;
 * the optimizer: AdamW reads/writes ~30 bytes per local parameter; data-parallel gradients and
   parameters: the collectives of ``Parallel.zero`` (one all-reduce, a reduce-scatter plus an
   all-gather, or FSDP's per-layer gathers), fp32 ring times;
@@ -163,14 +166,16 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     tp = sum(allreduce_time(e * tokens, p, tp_bw, tp_lat, eff, itemsize=b) for e, b in fwd + bwd)
     per_layer = dict(gemm=gemm, attention=attention, elementwise=elementwise, tp=tp)
 
-    # the head (vocab-parallel) and the cross-entropy run on the last stage
+    # the head (vocab-parallel) and the cross-entropy: once per pass, on every stage, on its
+    # 1/S share of the pass's tokens (all of them without pipelining)
     vocab = model.vocab_size // p
-    head_gemm = 3 * gemm_time((tokens, model.d_model, vocab), hw, eff)
-    ce_bytes = 6 * tokens * vocab * 4  # fp32 logits written, read for the loss and its grad
+    head_tokens = micro * tokens // stages
+    head_gemm = 3 * gemm_time((head_tokens, model.d_model, vocab), hw, eff)
+    ce_bytes = 6 * head_tokens * vocab * 4  # fp32 logits written, read for the loss and grad
     head = dict(gemm=head_gemm, elementwise=ce_bytes / (hw.hbm_bw * eff.memory),
-                tp=allreduce_time(2 * tokens * model.d_model, p, tp_bw, tp_lat, eff))
-    # useful work: every microbatch through this stage's layers (and the head, last stage)
-    busy = {k: passes * (v * layers_per_stage + head.get(k, 0.0))
+                tp=allreduce_time(2 * head_tokens * model.d_model, p, tp_bw, tp_lat, eff))
+    # useful work: every microbatch through this stage's layers, and the head's share
+    busy = {k: passes * v * layers_per_stage + accum * head.get(k, 0.0)
             for k, v in per_layer.items()}
     bubble = pp = 0.0
     if stages > 1:
@@ -181,6 +186,9 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
         across = p * stages > hw.gpus_per_node  # stages on different nodes
         bw, lat = (hw.inter_bw, hw.inter_latency) if across else (hw.intra_bw, hw.intra_latency)
         pp = accum * iterations * 2 * (lat + tokens * d_local * BF16 / (bw * eff.comm))
+        # the boundaries: a pass's [T, d_local] all-gathered and reduce-scattered, and back
+        ring = (stages - 1) / stages * micro * tokens * d_local * BF16 / (bw * eff.comm)
+        pp += accum * 4 * ((stages - 1) * lat + ring)
     local_params = sum(comm.local_parameters(model, parallel))
     updated = local_params / (data if parallel.zero else 1)  # ZeRO: each rank its slice
     optimizer = 30 * updated / (hw.hbm_bw * eff.memory)
@@ -193,8 +201,9 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     hardware_flops = model_flops + share * recompute_flops_per_token(
         model, seq_len, plan, parallel.remat)
     layer_bytes = gemm_bytes + 3 * layer.elementwise_bytes
-    hbm = passes * layers_per_stage * layer_bytes + passes * (ce_bytes + 3 * BF16 * tokens * (
-        model.d_model + vocab) + 3 * BF16 * model.d_model * vocab) + 30 * updated
+    head_bytes = ce_bytes + 3 * BF16 * (head_tokens * (model.d_model + vocab)
+                                        + model.d_model * vocab)
+    hbm = passes * layers_per_stage * layer_bytes + accum * head_bytes + 30 * updated
     return Prediction(
         step_s=sum(breakdown.values()), breakdown=breakdown, model_flops=model_flops,
         hardware_flops=hardware_flops, hbm_bytes=hbm,
@@ -271,8 +280,9 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     microbatch in flight, one accumulation micro-step at a time; ``full`` remat keeps the
     block input and rebuilds one layer at a time, ``lowrank`` keeps the latents, the reduced
     outputs and the residual.
-    ``logits``: the vocab-parallel head's fp32 arrays (:data:`LOGITS`) of a microbatch (of every
-    microbatch of a pipeline pass: the last stage's loss sees them together).
+    ``logits``: the vocab-parallel head's fp32 arrays (:data:`LOGITS`) of a microbatch (when
+    pipelining, of the stage's ``1/S`` share of a pipeline pass's tokens: every stage runs the
+    head on its share of the pass at once).
     """
     data, p = parallel.data, parallel.tensor
     layers = model.n_layers // parallel.pipe
@@ -298,13 +308,12 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
         peak = REBUILT * (layer - kept)
     else:
         kept, peak = layer, 0.0
-    # pipelining keeps a microbatch's activations per loop iteration (bubbles included), and
-    # the last stage's loss sees every microbatch of the pass
+    # pipelining keeps a microbatch's activations per loop iteration (bubbles included)
     # (``R M + S - 1`` iterations of the stage's ``L / (S R)`` layers per pass)
     passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1
               if parallel.pipe > 1 else 1)
     activations = kept * layers // parallel.repeats * tokens * passes + peak * tokens
-    heads = parallel.microbatches if parallel.pipe > 1 else 1
+    heads = parallel.microbatches / parallel.pipe if parallel.pipe > 1 else 1
     logits = LOGITS * tokens * heads * model.vocab_size / p * 4
     return {"model_state": state, "activations": activations, "logits": logits}
 

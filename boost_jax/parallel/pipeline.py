@@ -16,10 +16,18 @@ back around the ring (kept in a buffer until its turn, which needs ``M >= S``). 
 iterations in all: the bubble is ``(S - 1) / (R M + S - 1)``. Every stage runs every
 iteration; idle ones compute on zeros whose results are discarded.
 
-Boundaries. Every stage embeds all microbatches (only stage 0 uses them; the embedding is a
-gather plus the plan's one collective), and every stage computes the head and loss on the
-outputs buffer, masked to the last stage -- simple SPMD code at the price of that redundant
-work. The transposes of ``ppermute`` carry the gradients back through the stages.
+Boundaries. The embedding, the final norm, the head and the loss are per-token work, run
+sharded over ``pipe`` (as MaxText runs its non-pipelined layers): the data shard's ``b s``
+tokens are cut into ``S`` equal chunks (``Config`` checks that ``S`` divides ``b s``), and stage
+``s`` handles chunk ``s`` only. Each stage embeds its chunk (the plan's collective included) and
+one tiled ``all_gather`` over ``pipe`` rebuilds the ``[b, s, d_local]`` residual that stage 0
+feeds in; the last stage's outputs buffer (zeros on the other stages) is ``psum_scatter``-ed
+over ``pipe``, so that each stage runs the final norm, the LM head and the cross-entropy on
+the final residuals of its own chunk, and returns their losses at its chunk's positions of
+``[b, s]``, zeros elsewhere. Over the ``S`` stages the head GEMM runs once per token, and no
+conditional on the stage index is needed. The transposes -- a reduce-scatter of the
+embedding's cotangent, an all-gather of the head input's, and those of ``ppermute`` --
+carry the gradients back through the stages.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from boost_jax.compat import varying_axes
 from boost_jax.models.attention import Segments
 from boost_jax.models.decoder import Decoder
 from boost_jax.parallel.plans.base import PIPE, Plan
@@ -47,7 +56,8 @@ def canonical_layout(x: jax.Array, repeats: int) -> jax.Array:
 def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: jax.Array,
                         microbatches: int, repeats: int, segments: Segments | None = None
                         ) -> jax.Array:
-    """Per-token loss ``[b, s]`` of this data shard (zero except on the last stage).
+    """Per-token loss ``[b, s]`` of this data shard: on stage ``k``, the losses of the
+    ``k``-th of ``S`` chunks of its ``b s`` tokens (row-major), zero elsewhere.
 
     ``inputs``/``targets`` ``[b, s]`` are this data shard's rows; ``model`` holds this
     stage's block parameters in the :func:`stage_layout`. ``segments`` (packed rows): every
@@ -56,7 +66,19 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
     stages, stage = lax.axis_size(PIPE), lax.axis_index(PIPE)
     b, s = inputs.shape
     m_count, mb = microbatches, b // microbatches
-    fresh = model.embed_tokens(inputs, plan).reshape(m_count, mb, s, -1)  # [M, mb, s, d_loc]
+    chunk = b * s // stages
+    if chunk * stages != b * s:
+        raise ValueError(f"pipe={stages} stages do not divide the data shard's {b}x{s} tokens")
+    start = stage * chunk
+
+    def mine(x):  # this stage's chunk of a per-token array: [b, s, ...] -> [1, chunk, ...]
+        x = x.reshape(1, b * s, *x.shape[2:])
+        return lax.dynamic_slice_in_dim(_vary(x), start, chunk, axis=1)
+
+    # each stage embeds its chunk; the all-gather (backward: reduce-scatter) rebuilds the rows
+    own = model.embed_tokens(mine(inputs), plan)  # [1, chunk, d_loc]
+    fresh = lax.all_gather(own, PIPE, axis=1, tiled=True)
+    fresh = fresh.reshape(m_count, mb, s, -1)  # [M, mb, s, d_loc]
     if segments is not None:  # [M, mb, s] each
         segments = Segments(*(x.reshape(m_count, mb, s) for x in segments))
     _, blocks = nnx.split(model.blocks)
@@ -88,6 +110,15 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
 
     init = (zeros[0], zeros, zeros)
     (_, _, outputs), _ = lax.scan(iteration, init, jnp.arange(items + stages - 1))
-    hidden = model.finish(outputs.reshape(b, s, -1), plan)
-    per_token = model.hidden_loss(hidden, targets, plan)
-    return jnp.where(stage == stages - 1, per_token, 0.0)
+    # the last stage's final residuals (zeros elsewhere), each stage's chunk of them
+    final = lax.psum_scatter(outputs.reshape(1, b * s, -1), PIPE, scatter_dimension=1,
+                             tiled=True)  # [1, chunk, d_loc]
+    per_token = model.hidden_loss(model.finish(final, plan), mine(targets), plan)
+    out = jnp.zeros((1, b * s), per_token.dtype)
+    return lax.dynamic_update_slice_in_dim(_vary(out), per_token, start, axis=1).reshape(b, s)
+
+
+def _vary(x: jax.Array) -> jax.Array:
+    """``x`` typed as varying over ``pipe``: a per-token array about to be sliced or updated at
+    this stage's (pipe-varying) chunk."""
+    return x if PIPE in varying_axes(x) else lax.pcast(x, (PIPE,), to="varying")

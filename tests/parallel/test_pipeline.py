@@ -2,15 +2,17 @@
 model: loss and every gradient; what crosses the pipe axis."""
 
 import functools
+import math
 
 import jax
 import pytest
 
+from boost_jax.analysis import hlo
 from boost_jax.config import Config, Data, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, rel_err, tiny, tree_rel_err
-from boost_jax.tools.comm_report import build_report
+from boost_jax.tools.comm_report import build_report, compile_step
 
 PLANS = {"cola": "btp", "dense": "fullrank"}
 
@@ -75,10 +77,18 @@ def test_pipeline_full_matrix(arch, mesh, schedule, repeats, microbatches):
 
 
 @functools.cache
+def _compiled(arch, **parallel):
+    """``(config, mesh, compiled train step)`` of the tiny 4-layer model, batch 8 x 16."""
+    config = Config(tiny(arch, n_layers=4), Parallel(**parallel),
+                    Train(batch_size=8, seq_len=16), Data())
+    model, _, compiled = compile_step(config)
+    return config, model.mesh, compiled
+
+
+@functools.cache
 def _report(arch, **parallel):
-    model = tiny(arch, n_layers=4)
-    return build_report(Config(model, Parallel(**parallel), Train(batch_size=8, seq_len=16),
-                               Data()))
+    config, mesh, compiled = _compiled(arch, **parallel)
+    return build_report(config, compiled=compiled, mesh=mesh)
 
 
 @pytest.mark.parametrize("arch", list(PLANS))
@@ -95,3 +105,32 @@ def test_pipe_axis_moves_the_residual_shard(arch):
     assert {r["bytes"] for r in permutes} == {tokens * d_local * 4}
     iterations = 2 + 2 - 1
     assert sum(r["runs"] * r["instances"] for r in permutes) == 2 * iterations
+
+
+def test_stages_share_the_embedding_and_the_head():
+    """Each of the S stages embeds, normalises and runs the head and the loss on its 1/S of a
+    data shard's T tokens: the head's dots (forward, and the backward pass's two) process T/S
+    tokens per device -- over the stages the head runs once -- and so do the tensor-axis
+    boundary collectives, while the pipe axis carries the all-gather of the embedded chunks
+    and the reduce-scatter of the final residuals (and their transposes) with the predicted
+    bytes (the report's check is clean)."""
+    m = tiny("cola")
+    options = dict(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2)
+    rep = _report("cola", **options)  # the compile of test_pipe_axis_moves_the_residual_shard
+    assert rep["check"] == []
+    tokens, stages = 8 // 2 * 16, 2
+    chunk, vocab, d_local = tokens // stages, m.vocab_size // 2, m.d_model // 2
+    head = [x for x in hlo.dots(_compiled("cola", **options)[2].as_text())
+            if "bsd,dv->bsv" in x.op_name]  # Plan.logits' einsum
+    assert [math.prod(x.shape) for x in head if "transpose(" not in x.op_name] == [
+        chunk * vocab]
+    assert sum(x.flops for x in head) == 3 * 2 * chunk * m.d_model * vocab
+    step = [r for r in rep["collectives"] if r["where"] == "step"
+            and r["op"] != "collective-permute"]
+    assert {tuple(r["shape"][:2]) for r in step if r["axes"] == "tensor"} == {(1, chunk)}
+    pipe = sorted((r["op"], r["direction"], tuple(r["shape"]), r["bytes"])
+                  for r in step if r["axes"] == "pipe" for _ in range(r["instances"]))
+    gathered, scattered = (1, tokens, d_local), (1, chunk, d_local)
+    assert pipe == sorted((op, way, shape, tokens * d_local * 4) for way in ("fwd", "bwd")
+                          for op, shape in (("all-gather", gathered),
+                                            ("reduce-scatter", scattered)))
