@@ -242,9 +242,6 @@ class Parallel:
                f"not one of {', '.join(DTYPES)}")
         _check(self.zero in ZERO_STAGES,
                f"Parallel.zero={self.zero!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
-        _check(self.zero != 3 or self.pipe == 1,
-               "Parallel.zero=3 (FSDP) with pipeline parallelism is not implemented: use "
-               "Parallel.zero=1 with Parallel.pipe > 1, or Parallel.pipe=1")
 
     @property
     def repeats(self) -> int:

@@ -49,8 +49,11 @@ chunk (backward: its all-gather). Gradient accumulation (``Parallel.grad_accum =
 all of the above ``K`` times per step, on ``1/K`` of the tokens each.
 
 Gradients and parameters over ``data`` (and ``pipe`` for what every stage holds), by
-``Parallel.zero`` (:func:`gradient_transfers`): one all-reduce per step after accumulation, or
-ZeRO-1's reduce-scatter + all-gather, or FSDP's per-layer gathers and reduce-scatters. Every
+``Parallel.zero`` (:func:`gradient_transfers`): all-reduces, or ZeRO-1's reduce-scatters +
+all-gather, or FSDP's per-layer gathers and reduce-scatters. Where: FSDP's layer collectives in
+the layer loops; without pipelining or accumulation, stage 0's and 1's layer gradients too, one
+layer at a time in the backward loop (``Transfer.in_loop``: under the next layer's backward);
+everything else once per step, after the last micro-step. Every
 gradient reduction sums in ``Parallel.reduce_dtype`` (fp32 by default); FSDP gathers the
 parameters in the compute dtype, ZeRO-1 the updated fp32 slices. Two fp32 scalars: the loss
 over ``data`` (and ``pipe``), the gradient norm over every axis -- with the stop flags riding
@@ -64,10 +67,13 @@ import collections
 import dataclasses
 import math
 
+import jax
+
 from boost_jax.analysis.hlo import Collective
 from boost_jax.config import Model, Parallel
 from boost_jax.parallel.online_rmsnorm import LANES
 from boost_jax.parallel.plans.base import DATA, MESH_AXES, PIPE
+from boost_jax.parallel.zero import Leaf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,13 +179,16 @@ def in_layer_loop(c: Collective, run: dict) -> bool:
 class Transfer:
     """One kind of data-parallel collective of a step: ``op``, the mesh ``axes`` (joined with
     ``,``), ``elements`` per step (counted as :mod:`boost_jax.analysis.hlo` counts them),
-    ``group``: devices per collective, and ``itemsize``: bytes per element."""
+    ``group``: devices per collective, ``itemsize``: bytes per element, and ``in_loop``: it
+    runs per layer inside a layer loop (where a GPU can overlap it with the neighbouring
+    layers' compute), not once after the backward pass."""
 
     op: str
     axes: str
     elements: float
     group: int
     itemsize: int = 4
+    in_loop: bool = False
 
     @property
     def bytes(self) -> float:
@@ -203,34 +212,53 @@ def gradient_transfers(model: Model, parallel: Parallel, dtype: str = "float32"
       all-reduce of the slice over ``pipe`` if replicated there, and the all-gather of the
       updated slices (the other half); FSDP's non-layer parameters the same (gathered before
       the step's micro-steps instead of after the update);
+    * stages 0 and 1 without pipelining or accumulation: a layer parameter's reduction is one
+      collective per layer in the backward loop (the same bytes), except for what LaX's block
+      0 leaves unused (its crossing: nothing to cross), whose zero gradient is not reduced;
     * FSDP's layer parameters: per micro-step, an all-gather where the layer runs, one more
       by its recomputation in the backward pass (for the layers in the compiled layer loop;
-      outside a loop XLA merges the two), and the reduce-scatter of its gradient.
+      outside a loop XLA merges the two), and the reduce-scatter of its gradient -- under
+      pipelining in every one of the ``R M + S - 1`` iterations that runs the layer (bubbles
+      included): ``(R M + S - 1) / R`` times the stage's parameters per micro-step.
     """
-    from boost_jax.parallel.runner import data_layout
+    from boost_jax.parallel.runner import data_layout, reduces_in_loop
 
     k, sizes = parallel.grad_accum, dict(zip(MESH_AXES, parallel.shape))
     grad, act = _itemsize(parallel.reduce_dtype), _itemsize(dtype)
     layout = data_layout(model, parallel)
+    in_loop = reduces_in_loop(parallel) and parallel.zero in (0, 1) and parallel.data > 1
+    run = schedule(model, parallel, parallel.data * k * parallel.microbatches, 1)
+    # FSDP: a pipeline stage runs 1/R of its layers per iteration, gathering each again
+    per_pass = run["iterations"] / parallel.repeats
     # layers outside a compiled loop (LaX's block 0, a loop XLA unrolled) gather once: XLA
-    # merges the recomputation's gather with the forward one there
-    looped = schedule(model, parallel, parallel.data * k, 1)["looped"]
-    gathers = (2 * looped + (model.n_layers - looped)) / model.n_layers
+    # merges the recomputation's gather with the forward one there -- not across the
+    # pipeline's forward and backward loops
+    looped = run["looped"]
+    gathers = 2.0 if parallel.pipe > 1 else (2 * looped + (model.n_layers - looped)) / \
+        model.n_layers
     out: list[Transfer] = []
-    for lf in layout.items():
+    for path, lf in jax.tree_util.tree_leaves_with_path(
+            layout.leaves, is_leaf=lambda x: isinstance(x, Leaf)):
         v = layout.local_size(lf)
         if layout.fsdp(lf) and lf.layer_dims:
-            out += [Transfer("all-gather", DATA, gathers * k * v, parallel.data, act),
-                    Transfer("reduce-scatter", DATA, k * v, parallel.data, grad)]
-        elif layout.sharded(lf):
+            n = k * per_pass * v
+            out += [Transfer("all-gather", DATA, gathers * n, parallel.data, act, True),
+                    Transfer("reduce-scatter", DATA, n, parallel.data, grad, True)]
+            continue
+        looping = in_loop and bool(lf.layer_dims)
+        reduced = v
+        if looping and model.arch == "lax" and "crossing" in jax.tree_util.keystr(path):
+            reduced = v * (model.n_layers - 1) / model.n_layers  # block 0 has no crossing
+        if layout.sharded(lf):
             gathered = act if layout.fsdp(lf) else 4  # FSDP's parameters, ZeRO-1's updates
-            out += [Transfer("reduce-scatter", DATA, v, parallel.data, grad),
+            out += [Transfer("reduce-scatter", DATA, reduced, parallel.data, grad, looping),
                     Transfer("all-gather", DATA, v, parallel.data, gathered)]
             if PIPE in lf.reduce:
                 out.append(Transfer("all-reduce", PIPE, v / parallel.data, parallel.pipe, grad))
         elif lf.reduce:
             group = math.prod(sizes[a] for a in lf.reduce)
-            out.append(Transfer("all-reduce", ",".join(lf.reduce), v, group, grad))
+            out.append(Transfer("all-reduce", ",".join(lf.reduce), reduced, group, grad,
+                                looping))
     return out
 
 

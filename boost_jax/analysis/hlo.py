@@ -271,16 +271,24 @@ def users(hlo: str, op: str) -> dict[str, list[str]]:
     body, with the instructions of its computation that read its result (``name = opcode``;
     a fusion's name says what it fuses). Shows, e.g., that a layer's gradient reduction
     feeds only the loop's output buffer -- nothing the next iteration computes waits on
-    it."""
+    it. The readers of a tuple-shaped (combined) collective are those of its elements."""
     comps, _, entry = _parse(hlo)
     bodies = {c for instrs in comps.values() for i in instrs if i.op == "while"
               for c in re.findall(r"body=%([\w.\-]+)", i.attrs)}
+    def readers(instrs: list[_Instr], name: str) -> list[str]:
+        found = []
+        for u in instrs:
+            if name in u.operands:
+                found += readers(instrs, u.name) if u.op == "get-tuple-element" else \
+                    [f"{u.name} = {u.op}"]
+        return found
+
     out: dict[str, list[str]] = {}
     for comp in bodies:
         instrs = comps.get(comp, [])
         for ins in instrs:
             if ins.op.removesuffix("-start") == op:
-                out[ins.name] = [f"{u.name} = {u.op}" for u in instrs if ins.name in u.operands]
+                out[ins.name] = readers(instrs, ins.name)
     return out
 
 

@@ -23,8 +23,11 @@ attention; ``btp``'s ``[T, d/p] x [d/p, 3r]``). Times:
   (parallel/pipeline.py), with the ring all-gather and reduce-scatter of the pass's ``[T,
   d_local]`` residual over ``pipe``, forward and backward;
 * the optimizer: AdamW reads/writes ~30 bytes per local parameter; data-parallel gradients and
-  parameters: the collectives of ``Parallel.zero`` (one all-reduce, a reduce-scatter plus an
-  all-gather, or FSDP's per-layer gathers), fp32 ring times;
+  parameters: the collectives of ``Parallel.zero`` (all-reduces, reduce-scatters plus an
+  all-gather, or FSDP's per-layer gathers), fp32 ring times; those that run per layer in the
+  layer loops (FSDP's; stage 0's and 1's gradient reductions without pipelining or
+  accumulation) are hidden under the layers' compute but for the last layer's share, by
+  ``dp_overlap`` (not calibrated: 1.0 until a GPU measures it); the rest is exposed;
 * gradient accumulation: ``Parallel.grad_accum`` micro-steps of the whole forward and
   backward (pipeline passes included) per step, activations of one at a time.
 
@@ -55,6 +58,11 @@ class Efficiency:
     attention: float = 0.325  # flash-attention fraction of peak (calibrated on the paper rows)
     memory: float = 0.55  # fraction of HBM bandwidth elementwise work reaches (calibrated)
     comm: float = 0.65  # of link bandwidth: the README's 7B TP=4 times imply ~195 GB/s on A100
+    #: of the data-parallel collectives that run per layer inside the layer loops (stage 0/1's
+    #: in-loop gradient reductions, FSDP's gathers and reduce-scatters), the share of what the
+    #: schedule can hide (all but the last layer's, up to the layers' compute) that a GPU
+    #: hides -- 1.0, the schedule's bound, until the GPU run measures it (not calibrated)
+    dp_overlap: float = 1.0
 
 
 @dataclasses.dataclass
@@ -192,7 +200,12 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     local_params = sum(comm.local_parameters(model, parallel))
     updated = local_params / (data if parallel.zero else 1)  # ZeRO: each rank its slice
     optimizer = 30 * updated / (hw.hbm_bw * eff.memory)
-    dp = data_parallel_time(model, parallel, hw, eff)
+    after, in_loop = data_parallel_time(model, parallel, hw, eff)
+    executions = comm.schedule(model, parallel, batch, seq_len)["executions"]
+    layer_compute = passes * layers_per_stage * sum(
+        per_layer[k] for k in ("gemm", "attention", "elementwise"))
+    hidden = min(eff.dp_overlap * in_loop * (1 - 1 / executions), layer_compute)
+    dp = after + in_loop - hidden
     breakdown = dict(gemm=busy["gemm"], attention=busy["attention"],
                      elementwise=busy["elementwise"], optimizer=optimizer, tp=busy["tp"],
                      pp=pp, dp=dp, bubble=bubble)
@@ -213,23 +226,26 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
 
 
 def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Efficiency
-                       ) -> float:
+                       ) -> tuple[float, float]:
     """The step's gradient and parameter collectives (analysis/comm.py's
     :func:`~boost_jax.analysis.comm.gradient_transfers`, fp32) on ring links: an all-reduce
     ``2 (n-1)`` steps, an all-gather or reduce-scatter ``n - 1`` steps of ``1/n`` of the array.
-    Not overlapped with compute (a GPU overlaps FSDP's per-layer ones in part)."""
-    out = 0.0
+    Returns ``(after the loops, inside the layer loops)``: the first is exposed; of the second,
+    :func:`predict` hides :attr:`Efficiency.dp_overlap` of all but the last layer's share under
+    the layers' compute."""
+    out = [0.0, 0.0]
     for t in comm.gradient_transfers(model, parallel):
         if t.group <= 1:
             continue
         inside = parallel.num_devices <= hw.gpus_per_node
         bw, lat = (hw.intra_bw, hw.intra_latency) if inside else (hw.inter_bw, hw.inter_latency)
         if t.op == "all-reduce":
-            out += allreduce_time(t.elements, t.group, bw, lat, eff, itemsize=4)
+            time = allreduce_time(t.elements, t.group, bw, lat, eff, itemsize=4)
         else:
             steps = t.group - 1
-            out += steps * lat + steps / t.group * t.elements * 4 / (bw * eff.comm)
-    return out
+            time = steps * lat + steps / t.group * t.elements * 4 / (bw * eff.comm)
+        out[t.in_loop] += time
+    return out[0], out[1]
 
 
 #: activation tensors kept per layer for the backward pass with ``remat='none'``, per width
@@ -273,8 +289,9 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
 
     ``model_state``: fp32 parameters (4 B), Adam's two moments (8 B, split over ``data`` by
     ZeRO-1 and FSDP) and the fp32 gradients (4 B; with accumulation a second fp32 sum), all
-    split over ``data`` by FSDP (which holds one layer gathered); plus the compute-dtype copy of
-    the weights in bf16 (2 B).
+    split over ``data`` by FSDP (which holds one layer gathered, and the embedding, head and
+    norms gathered with their whole gradients); plus the compute-dtype copy of the weights in
+    bf16 (2 B).
     ``activations``: what each layer keeps for the backward pass (:data:`KEPT` per width class,
     in the compute dtype; XLA attention's scores in fp32 unless ``flash``), for every pipeline
     microbatch in flight, one accumulation micro-step at a time; ``full`` remat keeps the
@@ -290,8 +307,11 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     fsdp = data if parallel.zero == 3 else 1
     weights = 4 + 4 * (1 + (parallel.grad_accum > 1)) + (2 if act == 2 else 0)
     state = local_params * (weights / fsdp + 8 / (data if parallel.zero else 1))
-    if fsdp > 1:  # one layer's parameters gathered and its gradient before the scatter
+    if fsdp > 1:  # one layer's parameters gathered and its gradient before the scatter;
+        # the embedding, head and norms gathered for the step (compute dtype), with their
+        # whole fp32 gradients until the reduce-scatter after the last micro-step
         state += _layer_parameters(model, parallel) * (8 + (2 if act == 2 else 0))
+        state += comm.local_parameters(model, parallel)[1] * (act + 4)
     w = _widths(model, plan, p, seq_len)
     counts = dict(KEPT_FSDP if fsdp > 1 and parallel.remat == "none" else KEPT)
     if plan == "btp" and p > 1:

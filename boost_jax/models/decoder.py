@@ -119,7 +119,7 @@ class Decoder(nnx.Module):
         def block(layer, h, cross):
             return nnx.merge(graph, plan.layer_params(layer))(h, cross, plan, segments)
 
-        gathers = plan.layer_gather is not None
+        gathers = plan.layer_gathers
         cross = None
         if layers is not None:
             stacked = layers

@@ -64,6 +64,12 @@ def _data_layout(model: Model, shape: tuple[int, int, int], tp_plan: str, zero: 
                       canonical_shapes(model), {STACKED: 1})
 
 
+def reduces_in_loop(parallel: Parallel) -> bool:
+    """Does every layer run once per step (no pipeline, no accumulation), so that zero stages
+    0 and 1 reduce each layer's gradient in the backward layer loop (parallel/zero.py)?"""
+    return parallel.pipe == 1 and parallel.grad_accum == 1
+
+
 def map_blocks(tree, fn):
     """Apply ``fn`` to the leaves under a ``blocks`` key (params, optimizer moments, specs)."""
     def leaf(path, x):
@@ -110,14 +116,17 @@ class ShardedModel:
         self.layout = DataLayout(parallel.zero, dict(mesh.shape),
                                  map_blocks(plan_specs(model, parallel), self._stage_spec),
                                  self.param_shapes(), {STACKED: 2 if self.repeats > 1 else 1},
-                                 parallel.reduce_dtype)
+                                 parallel.reduce_dtype, in_loop=reduces_in_loop(parallel)
+                                 and not gspmd)
         self.param_specs = self.layout.param_specs
         self.param_shardings = self._named(self.param_specs)
         self.batch_sharding = NamedSharding(mesh, BATCH_SPEC)
         self.fsdp = parallel.zero == 3 and not gspmd
-        if self.fsdp:
-            self.plan.layer_gather = functools.partial(self.layout.gather_layer,
-                                                       dtype=self.dtype)
+        #: a per-layer hook of the zero layout: the stacked parameters are cast per layer
+        self.per_layer = self.layout.per_layer and not gspmd
+        if self.per_layer:
+            self.plan.layer_hook = functools.partial(self.layout.layer_params, dtype=self.dtype)
+            self.plan.layer_gathers = self.fsdp
 
     def _named(self, specs):
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
@@ -172,10 +181,10 @@ class ShardedModel:
 
     def bound(self, params: dict) -> Decoder:
         """The decoder holding this device's ``params`` -- stored layout, FSDP's non-layer
-        parameters gathered (``layout.gather_globals``) -- cast to the compute dtype (FSDP
-        layer parameters are gathered and cast per layer, by the plan's ``layer_params``)."""
+        parameters gathered (``layout.gather_globals``) -- cast to the compute dtype (with a
+        per-layer hook, layer parameters are cast per layer by the plan's ``layer_params``)."""
         cast = lambda p: p.astype(self.dtype)  # noqa: E731
-        if self.fsdp:
+        if self.per_layer:
             params = {k: v if k == STACKED else jax.tree.map(cast, v) for k, v in params.items()}
         else:
             params = jax.tree.map(cast, params)

@@ -2,7 +2,7 @@
 collectives of the train step, all run inside the model's ``shard_map`` region.
 
 ``0``  parameters, gradients and optimizer state replicated over ``data``; the gradients are
-       all-reduced once per step (after accumulation).
+       all-reduced.
 ``1``  ZeRO-1: each parameter has a *zero dim*, split over ``data`` in its optimizer moments.
        The gradients are reduce-scattered onto that split, every data rank updates its slice
        of the parameters, and the updated slices are all-gathered: a reduce-scatter and an
@@ -15,6 +15,16 @@ collectives of the train step, all run inside the model's ``shard_map`` region.
        rematerialised and gathers its parameters again. Parameters are cast to the compute
        dtype before they are gathered (a bf16 run gathers bf16, half the bytes of the fp32
        masters).
+
+Where stages 0 and 1 reduce (``in_loop``). When every layer runs once per step -- no pipeline,
+no gradient accumulation -- each layer's gradient is complete as soon as its backward is done,
+and it is reduced right there, inside the backward layer loop (DDP's and torchtitan's overlap):
+the layer's parameters enter the block through a cast to the compute dtype whose transpose
+all-reduces (stage 0) or reduce-scatters (stage 1) the layer's cotangent over ``data``, so the
+collective of layer ``l`` can run under the backward of layer ``l - 1``. The embedding, head
+and norms are reduced once, after the loop. With accumulation, or pipelining (whose stages run
+their layers once per microbatch), a layer's gradient is a sum over micro-steps: it is reduced
+once, after the last one -- reducing inside the loop would repeat the reduction per micro-step.
 
 Every gradient reduction over ``data`` -- the all-reduce, ZeRO-1's and FSDP's reduce-scatters,
 the per-layer ones in the backward loop included -- sums in ``Parallel.reduce_dtype`` (fp32 by
@@ -110,6 +120,37 @@ def _cast_gather(axis: int, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.
     return gather
 
 
+@functools.cache
+def _cast_reduce(axis: int | None, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.dtype):
+    """``x -> x.astype(dtype)``, marked varying over ``data``, whose transpose sums the
+    cotangent over ``data`` in ``reduce_dtype`` and returns it in ``src``: one layer's gradient
+    reduced where its backward ends (``in_loop``, see the module docstring).
+
+    ``axis=None``: an all-reduce; ``x`` is invariant over ``data`` (a replicated parameter
+    whose gradient is the same on every rank). Else ZeRO-1's reduce-scatter onto ``axis``:
+    ``x`` varies over ``data`` and its cotangent is this rank's reduced slice put back at its
+    offset in zeros (:meth:`DataLayout.reduce` then takes the slice, all the optimizer reads).
+    """
+    @jax.custom_vjp
+    def cast(x):
+        return _varying(x.astype(dtype), (DATA,))
+
+    def fwd(x):
+        return cast(x), None
+
+    def bwd(_, ct):
+        ct = ct.astype(reduce_dtype)
+        if axis is None:
+            return (lax.psum(ct, DATA).astype(src),)
+        part = lax.psum_scatter(ct, DATA, scatter_dimension=axis, tiled=True)
+        start = lax.axis_index(DATA) * part.shape[axis]
+        return (lax.dynamic_update_slice_in_dim(jnp.zeros_like(ct), part, start, axis)
+                .astype(src),)
+
+    cast.defvjp(fwd, bwd)
+    return cast
+
+
 def _keys(path) -> tuple:
     """The dict keys of a pytree path (an ``nnx.State``'s ``.value`` hop dropped)."""
     return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
@@ -125,14 +166,18 @@ class DataLayout:
         dicts); ``stacked`` maps a top-level key (the decoder's ``blocks``) to the number of
         leading layer axes of its leaves.
       reduce_dtype: ``Parallel.reduce_dtype``, the dtype every gradient reduction over
-        ``data`` sums in (:meth:`reduce`, and FSDP's per-layer reduce-scatters).
+        ``data`` sums in (:meth:`reduce`, and the per-layer reductions).
+      in_loop: every layer runs once per step (no pipeline, no accumulation): at stages 0 and
+        1 each layer's gradient is reduced in the backward layer loop (:meth:`layer_params`).
     """
 
     def __init__(self, stage: int, mesh_shape: Mapping[str, int], specs: dict, shapes: dict,
-                 stacked: Mapping[str, int], reduce_dtype="float32"):
+                 stacked: Mapping[str, int], reduce_dtype="float32", in_loop: bool = False):
         self.stage, self.mesh_shape = stage, dict(mesh_shape)
         self.data = self.mesh_shape[DATA]
         self.reduce_dtype = jnp.dtype(reduce_dtype)
+        #: stages 0/1 reduce the layers' gradients in the backward loop (module docstring)
+        self.in_loop = in_loop and stage in (0, 1) and self.data > 1
 
         def leaf(path, spec, shape):
             keys = _keys(path)
@@ -180,6 +225,16 @@ class DataLayout:
         """Is the parameter itself split over ``data`` (and gathered where it is used)?"""
         return self.stage == 3 and lf.dim is not None
 
+    def reduced_in_loop(self, lf: Leaf) -> bool:
+        """Is the parameter's gradient reduced over ``data`` inside the backward layer loop
+        (a layer parameter: FSDP's reduce-scatter, or stage 0/1's ``in_loop`` reduction)?"""
+        return bool(lf.layer_dims) and (self.fsdp(lf) or self.in_loop)
+
+    @property
+    def per_layer(self) -> bool:
+        """Does :meth:`layer_params` do anything (FSDP's gathers, the in-loop reduction)?"""
+        return self.stage == 3 or self.in_loop
+
     def _map(self, fn, *trees):
         return jax.tree.map(fn, self.leaves, *trees, is_leaf=lambda x: isinstance(x, Leaf))
 
@@ -200,9 +255,15 @@ class DataLayout:
     def differentiable(self, params: dict) -> dict:
         """Mark each stored parameter as varying over the axes it is replicated over, so that
         gradients with respect to the result are this device's partial sums (reduced later by
-        :meth:`reduce`, once per step) rather than psum-ed where each use is transposed."""
-        return self._map(lambda lf, p: lax.pcast(p, lf.reduce, to="varying") if lf.reduce
-                         else p, params)
+        :meth:`reduce`, once per step) rather than psum-ed where each use is transposed. A
+        layer parameter all-reduced in the loop stays invariant over ``data``: its per-layer
+        cast marks it varying there, and the cast's transpose is the all-reduce."""
+        def mark(lf, p):
+            axes = lf.reduce
+            if self.in_loop and lf.layer_dims and not self.sharded(lf):
+                axes = tuple(a for a in axes if a != DATA)
+            return lax.pcast(p, axes, to="varying") if axes else p
+        return self._map(mark, params)
 
     def gather_globals(self, params: dict, dtype=None) -> dict:
         """FSDP: all-gather the non-stacked parameters (embedding, head, norms) over ``data``,
@@ -217,6 +278,21 @@ class DataLayout:
                                   tiled=True)
         return self._map(gather, params)
 
+    def layer_params(self, layer, dtype) -> object:
+        """One layer's stored parameters (stacked axes indexed away) as its block computes with
+        them, cast to the compute ``dtype``: FSDP's all-gathered ones (:meth:`gather_layer`),
+        or under ``in_loop`` through the cast whose transpose reduces the layer's gradient
+        over ``data`` in :attr:`reduce_dtype`."""
+        if self.stage == 3:
+            return self.gather_layer(layer, dtype)
+        dtype = jnp.dtype(dtype)
+
+        def cast(path, p):
+            lf = self.block_leaves[_keys(path)]
+            axis = lf.dim - lf.layer_dims if self.sharded(lf) else None
+            return _cast_reduce(axis, p.dtype, dtype, self.reduce_dtype)(p)
+        return jax.tree_util.tree_map_with_path(cast, layer)
+
     def gather_layer(self, layer, dtype) -> object:
         """FSDP: one layer's parameters (stacked axes indexed away) cast to the compute
         ``dtype``, all-gathered over ``data`` and tagged :data:`GATHERED` (never kept for
@@ -227,7 +303,7 @@ class DataLayout:
         def gather(path, p):
             lf = self.block_leaves[_keys(path)]
             if not self.fsdp(lf):
-                return p
+                return p.astype(dtype)
             axis = lf.dim - lf.layer_dims
             if p.dtype == dtype == reduce_dtype:  # nothing to cast: the plain gather
                 p = lax.all_gather(p, DATA, axis=axis, tiled=True)
@@ -246,9 +322,15 @@ class DataLayout:
         """Sum this device's partial gradients over the axes each parameter is replicated
         over, in :attr:`reduce_dtype`: all-reduce (stage 0, and unsplit
         leaves), reduce-scatter onto the zero dim (stage 1, FSDP's non-layer parameters),
-        nothing for FSDP's layer parameters (reduce-scattered in the backward pass). The
-        result is fp32, laid out by :attr:`moment_specs`."""
+        nothing over ``data`` for what was reduced in the backward loop (FSDP's layer
+        parameters; stage 1's in-loop slices are only cut out here). The result is fp32,
+        laid out by :attr:`moment_specs`."""
         def reduce(lf, g):
+            if self.reduced_in_loop(lf) and not self.fsdp(lf):
+                if self.sharded(lf):  # this rank's reduced slice, zeros elsewhere
+                    g = self._rank_slice(lf, g)
+                axes = tuple(a for a in lf.reduce if a != DATA)
+                return (lax.psum(g, axes) if axes else g).astype(jnp.float32)
             axes = lf.reduce
             if self.partial_after_gather(lf) or axes:
                 g = g.astype(self.reduce_dtype)
@@ -261,12 +343,13 @@ class DataLayout:
     def local_slice(self, params: dict) -> dict:
         """Stage 1: this data rank's slice of each (replicated) parameter, the part it
         updates; identity otherwise."""
-        def take(lf, p):
-            if self.stage != 1 or lf.dim is None:
-                return p
-            n = p.shape[lf.dim] // self.data
-            return lax.dynamic_slice_in_dim(p, lax.axis_index(DATA) * n, n, axis=lf.dim)
-        return self._map(take, params)
+        return self._map(lambda lf, p: self._rank_slice(lf, p)
+                         if self.stage == 1 and lf.dim is not None else p, params)
+
+    def _rank_slice(self, lf: Leaf, x: jax.Array) -> jax.Array:
+        """This data rank's slice of ``x`` on the zero dim."""
+        n = x.shape[lf.dim] // self.data
+        return lax.dynamic_slice_in_dim(x, lax.axis_index(DATA) * n, n, axis=lf.dim)
 
     def gather_slices(self, params: dict) -> dict:
         """Stage 1: all-gather the updated slices into replicated parameters (inverse of

@@ -13,7 +13,7 @@ from boost_jax.analysis.comm import layer_collectives
 from boost_jax.analysis.flops import train_flops_per_token
 from boost_jax.analysis.hardware import PROFILES
 from boost_jax.analysis.paper import ARCHITECTURES, WEAK_SCALING, compare
-from boost_jax.analysis.perf_model import Efficiency, predict
+from boost_jax.analysis.perf_model import Efficiency, data_parallel_time, predict
 from boost_jax.config import Config, Data, Model, Parallel, Train
 from boost_jax.testing import tiny
 from boost_jax.tools.comm_report import build_report
@@ -61,15 +61,34 @@ def test_zero_stages_in_the_model():
     """ZeRO-1 moves the all-reduce's bytes (same DP time), FSDP adds the per-layer gathers;
     both split the model state, and accumulation keeps one micro-step's activations."""
     m = Model(arch="cola", size="7b")
-    runs = {z: predict(m, Parallel(data=8, tensor=1, tp_plan="none", zero=z), 64, 4096, H100)
-            for z in (0, 1, 3)}
-    assert runs[1].breakdown["dp"] == pytest.approx(runs[0].breakdown["dp"], rel=0.02)
-    assert runs[3].breakdown["dp"] > 1.4 * runs[0].breakdown["dp"]
+    layouts = {z: Parallel(data=8, tensor=1, tp_plan="none", zero=z) for z in (0, 1, 3)}
+    total = {z: sum(data_parallel_time(m, p, H100, Efficiency())) for z, p in layouts.items()}
+    assert total[1] == pytest.approx(total[0], rel=0.02)
+    assert total[3] > 1.4 * total[0]
+    runs = {z: predict(m, p, 64, 4096, H100) for z, p in layouts.items()}
     state = {z: r.memory["model_state"] for z, r in runs.items()}
     assert state[3] < state[1] < state[0]
     accum = predict(m, Parallel(data=8, tensor=1, tp_plan="none", grad_accum=4), 64, 4096, H100)
     assert accum.memory["activations"] == pytest.approx(runs[0].memory["activations"] / 4)
     assert accum.model_flops == runs[0].model_flops
+
+
+def test_in_loop_reductions_are_priced_as_overlapped():
+    """Without accumulation the layers' gradient reductions run in the backward loop: all but
+    the last layer's hide under compute (``dp_overlap`` of them); with accumulation the one
+    reduction after the loop is exposed whole; ``dp_overlap=0`` exposes everything."""
+    m = Model(arch="cola", size="7b")
+    per_layer, accum = (Parallel(data=8, tensor=1, tp_plan="none", grad_accum=k)
+                        for k in (1, 4))
+    after, in_loop = data_parallel_time(m, per_layer, H100, Efficiency())
+    assert in_loop > 10 * after  # the embedding, head and norms after the loop
+    exposed = predict(m, per_layer, 64, 4096, H100).breakdown["dp"]
+    assert exposed == pytest.approx(after + in_loop / m.n_layers)
+    serial = predict(m, per_layer, 64, 4096, H100, Efficiency(dp_overlap=0.0))
+    assert serial.breakdown["dp"] == pytest.approx(after + in_loop)
+    assert data_parallel_time(m, accum, H100, Efficiency()) == (
+        pytest.approx(after + in_loop), 0.0)
+    assert predict(m, accum, 64, 4096, H100).breakdown["dp"] == pytest.approx(after + in_loop)
 
 
 def test_flops_breakdown_and_memory_follow_the_plan():

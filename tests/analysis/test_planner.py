@@ -25,14 +25,17 @@ def _problem(size="13b", arch="cola", gpus=8, batch=4, seq=4096, **kw) -> Proble
 def test_every_layout_is_a_valid_config_within_budget_ranked_fastest_first():
     problem = _problem()
     result = plan(problem)
-    assert result.seconds < 30 and result.layouts and result.over_memory and result.invalid
+    assert result.seconds < 30 and result.layouts and result.over_memory
+    # FSDP x pipeline is a layout like the others (every enumerated candidate is valid here)
+    assert any(lay.parallel.zero == 3 and lay.parallel.pipe > 1
+               for lay in result.layouts + result.over_memory)
     train = Train(batch_size=4, seq_len=4096, dtype="bfloat16")
     for lay in result.layouts:
         Config(problem.model, lay.parallel, train, Data())  # raises if invalid
         assert lay.parallel.num_devices == 8 and lay.parallel.tensor <= 4
         assert lay.memory == sum(lay.prediction.memory.values())
         assert lay.memory * (1 + problem.headroom) <= problem.budget
-    times = [lay.step_s for lay in result.layouts]
+    times = [round(lay.step_s, 9) for lay in result.layouts]  # ties: less memory first
     assert times == sorted(times)
     assert all(lay.memory * (1 + problem.headroom) > problem.budget
                for lay in result.over_memory)

@@ -2,13 +2,14 @@
 step's gradients equal the single-device model's, the state is split as promised, and every
 data-axis collective of the compiled step is the one analysis/comm.py predicts."""
 
+import collections
 import functools
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from boost_jax.analysis.hlo import users
+from boost_jax.analysis.hlo import collectives, users
 from boost_jax.config import Config, Data, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
@@ -80,7 +81,7 @@ def _report(zero, grad_accum):
     return _compiled(zero, grad_accum)[0]
 
 
-@pytest.mark.parametrize("zero, grad_accum", [(0, 2), (1, 1), (1, 2), (3, 1), (3, 2)])
+@pytest.mark.parametrize("zero, grad_accum", [(0, 1), (0, 2), (1, 1), (1, 2), (3, 1), (3, 2)])
 def test_data_axis_traffic_is_the_formula(zero, grad_accum):
     """comm_report --check: every collective of the step (tensor, data, the scalars) equals
     the analytic formula, for each zero stage with and without accumulation."""
@@ -96,19 +97,69 @@ def test_zero1_sends_one_all_reduce_worth():
     assert zero1["per_axis"]["data"]["wire_bytes"] == plain["per_axis"]["data"]["wire_bytes"]
     assert zero1["per_axis"]["tensor"] == plain["per_axis"]["tensor"]
     ops = {(r["op"], r["where"]) for r in zero1["collectives"] if r["axes"] == "data"}
-    assert ops >= {("reduce-scatter", "optimizer"), ("all-gather", "optimizer")}
+    assert ops >= {("reduce-scatter", "layer"), ("all-gather", "optimizer")}
 
 
 def test_accumulation_reduces_over_data_once():
-    """K micro-steps, one gradient reduction: the data-axis traffic of K=2 is that of K=1."""
-    assert _report(0, 2)["per_axis"]["data"] == _report(0, 1)["per_axis"]["data"]
+    """K micro-steps, one gradient reduction: the data-axis bytes of K=2 are those of K=1
+    (whose layers are reduced one by one in the loop: more collectives, the same bytes)."""
+    once, per_layer = _report(0, 2)["per_axis"]["data"], _report(0, 1)["per_axis"]["data"]
+    for key in ("elements", "bytes", "wire_bytes"):
+        assert once[key] == per_layer[key]
+
+
+def _data_reductions(rep):
+    return [r for r in rep["collectives"] if r["axes"] == "data"
+            and r["op"] in ("all-reduce", "reduce-scatter") and r["shape"] != []]
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_layer_gradients_are_reduced_inside_the_backward_loop(zero):
+    """Without accumulation each layer's gradient is reduced over data in the backward layer
+    loop (all-reduce at stage 0, reduce-scatter at 1), once per layer, and those collectives
+    carry exactly the layer parameters (the embedding, head and norms after the loop)."""
+    from boost_jax.analysis.comm import local_parameters
+
+    rep, n_layers = _report(zero, 1), tiny("cola").n_layers
+    op = "all-reduce" if zero == 0 else "reduce-scatter"
+    looped = [r for r in _data_reductions(rep) if r["where"] == "layer"]
+    assert looped and {(r["op"], r["direction"], r["runs"]) for r in looped} == {
+        (op, "bwd", n_layers)}
+    parallel = Parallel(data=2, tensor=4, zero=zero)
+    layer_elements = sum(r["bytes"] // 4 * r["runs"] * r["instances"] for r in looped)
+    assert layer_elements == local_parameters(tiny("cola"), parallel)[0]
+    after = [r for r in _data_reductions(rep) if r["where"] != "layer"]
+    assert after and all(r["runs"] == 1 for r in after)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_accumulated_gradients_are_reduced_after_the_loop(zero):
+    """With accumulation a layer's gradient is a sum over micro-steps: no data reduction in
+    any loop, each gradient reduced once, by the optimizer."""
+    reductions = _data_reductions(_report(zero, 2))
+    assert reductions and {(r["where"], r["runs"]) for r in reductions} == {("optimizer", 1)}
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_layer_reductions_are_off_the_critical_path(zero):
+    """Each in-loop reduction only feeds the stacked gradient buffer the loop writes out (as
+    FSDP's reduce-scatters do): the next layer's backward does not wait on it."""
+    op = "all-reduce" if zero == 0 else "reduce-scatter"
+    hlo = _compiled(zero, 1)[1]
+    over_data = {c.name: c for c in collectives(hlo, (2, 1, 4), ("data", "pipe", "tensor"))
+                 if c.axes == ("data",) and c.trips}
+    found = {name: readers for name, readers in users(hlo, op).items() if name in over_data}
+    assert sum(over_data[name].combined for name in found) >= 10  # the tiny CoLA block has 11
+    for name, readers in found.items():
+        assert readers and all("dynamic-update-slice" in r for r in readers), (name, readers)
 
 
 def test_fsdp_reduce_scatters_each_layer_inside_the_backward_loop():
     """FSDP: each layer's gradients are reduce-scattered in the backward layer loop (one per
     parameter per layer), gathered in the forward one and again by the recomputation."""
     rep = _report(3, 1)
-    layer = [r for r in rep["collectives"] if r["axes"] == "data" and r["where"] == "layer"]
+    # in the layer loop, or in the pipeline loop where a stage's group is one layer
+    layer = [r for r in rep["collectives"] if r["axes"] == "data" and r["where"] != "optimizer"]
     n_layers = tiny("cola").n_layers
     scatters = [r for r in layer if r["op"] == "reduce-scatter"]
     gathers = [r for r in layer if r["op"] == "all-gather"]
@@ -126,3 +177,55 @@ def test_fsdp_layer_reductions_are_off_the_critical_path():
     assert len(found) >= 10  # one per layer parameter (the tiny CoLA block has 11)
     for name, readers in found.items():
         assert readers and all("dynamic-update-slice" in r for r in readers), (name, readers)
+
+
+# --- FSDP x pipeline parallelism -----------------------------------------------------------
+FSDP_PP = dict(data=2, pipe=2, tensor=2, tp_plan="btp", zero=3)
+
+
+@functools.cache
+def _fsdp_pp_report(schedule, repeats, microbatches):
+    parallel = Parallel(**FSDP_PP, pipeline_schedule=schedule, pipeline_repeats=repeats,
+                        microbatches=microbatches)
+    config = Config(tiny("cola", n_layers=4), parallel, Train(batch_size=BATCH, seq_len=SEQ),
+                    Data())
+    return build_report(config)
+
+
+@pytest.mark.parametrize("schedule, repeats", [("gpipe", 1), ("circular", 2)])
+def test_fsdp_with_pipeline_matches_single_device(schedule, repeats):
+    """PP2 x DP2 x TP2 with each stage's parameters split over data: the loss and every
+    gradient (reduce-scattered shards, as the optimizer sees them) of the single device."""
+    model = tiny("cola", n_layers=4)
+    params = jax.device_get(init_params(abstract_model(model)[1], seed=0))
+    _, _, inputs, targets, _ = _problem("cola")
+    ref_loss, ref_grads = loss_and_grads(model, SINGLE, params, inputs, targets)
+    parallel = Parallel(**FSDP_PP, pipeline_schedule=schedule, pipeline_repeats=repeats,
+                        microbatches=2)
+    loss, grads = loss_and_grads(model, parallel, params, inputs, targets)
+    assert rel_err(loss, ref_loss) <= 1e-5
+    assert tree_rel_err(grads, ref_grads) <= 1e-5
+
+
+@pytest.mark.parametrize("schedule, repeats", [("gpipe", 1), ("circular", 2)])
+def test_fsdp_with_pipeline_gathers_per_layer_in_the_stage_loop(schedule, repeats):
+    """Each layer's parameters are all-gathered over data inside the stage's layer loop, in
+    every pipeline iteration that runs it (forward, and again by the recomputation) and its
+    gradient reduce-scattered there: (R M + S - 1) / R times the stage's parameters per step
+    each, as analysis/comm.py predicts (comm_report --check clean)."""
+    from boost_jax.analysis.comm import local_parameters
+
+    rep = _fsdp_pp_report(schedule, repeats, 2)
+    assert rep["check"] == []
+    # in the layer loop, or in the pipeline loop where a stage's group is one layer
+    layer = [r for r in rep["collectives"] if r["axes"] == "data" and r["where"] != "optimizer"]
+    iterations = repeats * 2 + 2 - 1
+    runs = iterations * 4 // (2 * repeats)  # iterations x layers per stage and repeat
+    assert layer and {r["runs"] for r in layer} == {runs}
+    stage_params = local_parameters(tiny("cola", n_layers=4), Parallel(**FSDP_PP))[0]
+    moved = collections.Counter()
+    for r in layer:
+        moved[r["op"], r["direction"]] += r["bytes"] // 4 * r["runs"] * r["instances"]
+    per_step = iterations * stage_params // repeats
+    assert moved == {("all-gather", "fwd"): per_step, ("all-gather", "bwd"): per_step,
+                     ("reduce-scatter", "bwd"): per_step}

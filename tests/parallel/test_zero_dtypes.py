@@ -81,7 +81,8 @@ def test_bf16_step_lowered_for_cuda(zero, reduce_dtype):
     """The bf16 train step lowered for CUDA, every collective as JAX wrote it (loop bodies
     once): FSDP gathers each layer's parameters in bf16 (in the forward loop and again by the
     recomputation) and the non-layer ones once; every gradient is reduced in ``reduce_dtype``
-    (FSDP's and ZeRO-1's reduce-scatters, stage 0's all-reduces); ZeRO-1 gathers the fp32
+    (FSDP's and ZeRO-1's reduce-scatters, stage 0's all-reduces; a layer's in the layer loop,
+once per layer parameter); ZeRO-1 gathers the fp32
     updated slices; each op moves its parameter's bytes in that dtype. btp's final norm
     all-gathers its bf16 output over ``tensor`` (as every tensor-axis gather and
     reduce-scatter does)."""
@@ -110,10 +111,10 @@ def test_bf16_step_lowered_for_cuda(zero, reduce_dtype):
             per_op = layout.local_size(lf) // (n_layers if lf.layer_dims else 1)
             gathers = 2 if lf.layer_dims else 1  # the layer loop, its recomputation
             expected[("all_gather", "bf16", 2 * per_op)] += gathers
-        else:
-            per_op = layout.local_size(lf)
+        else:  # without accumulation each layer's gradient is reduced in the loop
             if zero == 1:
-                expected[("all_gather", "f32", 4 * per_op)] += 1
+                expected[("all_gather", "f32", 4 * layout.local_size(lf))] += 1
+            per_op = layout.local_size(lf) // (n_layers if layout.reduced_in_loop(lf) else 1)
         kind = "reduce_scatter" if zero else "all_reduce"
         expected[(kind, red[0], red[1] * per_op)] += 1
     assert got == expected

@@ -17,7 +17,9 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
 ``logits``         hidden -> (possibly vocab-sharded) logits
 ``token_loss``     logits + targets -> per-token cross-entropy (fp32)
 ``layer_params``   a layer's stored parameters -> the ones its block computes with (the
-                   identity, or under FSDP their all-gather over ``data``; set by the runner)
+                   identity, or the zero layout's per-layer hook: FSDP's all-gather over
+                   ``data``, or the cast whose transpose reduces the layer's gradient over
+                   ``data`` in the backward loop; set by the runner)
 =================  ==========================================================================
 
 ``gemm`` arguments are callables holding the local matrix products (returning an array or a
@@ -88,8 +90,11 @@ class Plan:
         self.grouped = grouped
         #: activation-checkpointing policy of the decoder blocks (parallel/remat.py)
         self.remat = remat
-        #: FSDP's per-layer gather (parallel/zero.py), installed by the runner; None: identity
-        self.layer_gather: Callable[[Any], Any] | None = None
+        #: the zero layout's per-layer hook (parallel/zero.py ``DataLayout.layer_params``),
+        #: installed by the runner; None: identity
+        self.layer_hook: Callable[[Any], Any] | None = None
+        #: does the hook all-gather (FSDP: the block is then always checkpointed, remat.py)
+        self.layer_gathers = False
         #: the attention core's implementation for unpacked / packed rows, ``xla`` or ``cudnn``
         #: (set by the runner from ``Parallel.attention``, the compute dtype and the platform)
         self.attention = self.packed_attention = "xla"
@@ -120,7 +125,7 @@ class Plan:
     # --- boundary functions (per device) -------------------------------------------------
     def layer_params(self, layer):
         """One layer's parameters (stacked axes indexed away) as its block uses them."""
-        return layer if self.layer_gather is None else self.layer_gather(layer)
+        return layer if self.layer_hook is None else self.layer_hook(layer)
 
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
         """``tokens [b, s]`` int, ``table [V, d]`` -> residual ``[b, s, d]``."""
