@@ -70,3 +70,12 @@ def config_field(default, help: str, resume: str):
 def set_values(obj, **kw) -> None:
     for k, v in kw.items():
         object.__setattr__(obj, k, v)
+
+
+def unbound(cls, **values):
+    """``cls(**values)`` with every other field at its dataclass default, whatever gin has
+    bound: a fixed configuration (the paper's rows) that a run's ``--gin_param`` must not
+    change (gin fills only the arguments a call leaves out)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)
+                if f.init and f.default is not dataclasses.MISSING}
+    return cls(**{**defaults, **values})
