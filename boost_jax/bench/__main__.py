@@ -1,16 +1,16 @@
 """``python -m boost_jax.bench <benchmark> [flags]``; benchmarks: tp, remat, model, step, zero,
-data, checkpoint, gpu."""
+memory, data, checkpoint, gpu."""
 
 from absl import app, flags
 
 from boost_jax import cli
-from boost_jax.bench import checkpoint, data, gpu, model, remat, step, tp, zero
+from boost_jax.bench import checkpoint, data, gpu, memory, model, remat, step, tp, zero
 from boost_jax.bench.measure import ROWS
 from boost_jax.cli import define_gin_flags
 
 BENCHMARKS = {"tp": tp.main, "remat": remat.main, "model": model.main, "step": step.main,
-              "zero": zero.main, "data": data.main, "checkpoint": checkpoint.main,
-              "gpu": gpu.main}
+              "zero": zero.main, "memory": memory.main, "data": data.main,
+              "checkpoint": checkpoint.main, "gpu": gpu.main}
 
 
 def define_flags() -> None:
@@ -21,6 +21,8 @@ def define_flags() -> None:
                       "remat policies to compare")
     flags.DEFINE_list("layouts", ["0", "1", "3", "0x4", "1x4", "3x4"],
                       "zero: Parallel.zero stages, each optionally x gradient accumulation")
+    flags.DEFINE_list("memory_rows", list(memory.ROWS), "memory: the paper-shape rows, from "
+                      f"{', '.join(memory.ROWS)}")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go; data "
                         "--prepare_mb: where the corpus and the prepared dataset go")

@@ -5,7 +5,10 @@ For each layout (``--layouts``, default ``0,1,3`` each with ``grad_accum`` 1 and
 configured model and mesh (default: CoLA 60M, ``btp`` on data=2 x tensor=4, batch 16 x seq 256,
 fp32): the train state per device (parameters and optimizer moments, from the shardings),
 compiled temporary memory, the data-axis collectives per step and the bytes each device puts
-on the wire for them (read from the compiled HLO), and the median step time.
+on the wire for them (read from the compiled HLO), the share of those bytes moved inside the
+layer loops (per layer, under the neighbouring layers' compute on a GPU) rather than once per
+step, and the median step time. The mesh is the configured one: with ``Parallel.pipe > 1`` the
+rows are the layouts under pipelining (FSDP x pipeline included).
 """
 
 from __future__ import annotations
@@ -61,13 +64,24 @@ def bench_layout(config: Config, zero: int, accum: int, steps: int) -> dict:
     return {"zero": zero, "grad_accum": accum, **state_mib(config),
             "temp_mib": rep["memory"].get("temp_size_in_bytes", 0) / 2**20,
             "data_collectives": data["count"], "data_wire_mib": data["wire_bytes"] / 2**20,
+            "in_loop": in_loop_share(rep),
             "median_step_s": rep["median_step_s"], "check": rep["check"]}
+
+
+def in_loop_share(rep: dict) -> float:
+    """The share of the step's data-axis bytes moved by collectives inside a loop (per layer,
+    where a GPU can overlap them with compute) rather than once per step."""
+    rows = [r for r in rep["collectives"] if r["axes"] == "data"]
+    moved = [r["bytes"] * r["runs"] * r["instances"] for r in rows]
+    looped = sum(m for r, m in zip(rows, moved) if r["runs"] > 1)
+    return looped / sum(moved) if moved else 0.0
 
 
 COLUMNS = [("zero", ">4", "zero"), ("accum", ">6", "grad_accum"),
            ("params MiB", ">12.1f", "params_mib"), ("opt MiB", ">9.1f", "opt_mib"),
            ("temp MiB", ">10.0f", "temp_mib"), ("data colls", ">12", "data_collectives"),
-           ("data wire MiB", ">15.2f", "data_wire_mib"), ("step s", ">9.3f", "median_step_s"),
+           ("data wire MiB", ">15.2f", "data_wire_mib"), ("in loop", ">9.0%", "in_loop"),
+           ("step s", ">9.3f", "median_step_s"),
            ("check", ">7", lambda r: "OK" if not r["check"] else "MISMATCH")]
 
 

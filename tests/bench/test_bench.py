@@ -66,3 +66,27 @@ def test_bench_zero_layouts_json():
     assert rows[(1, 1)]["data_wire_mib"] == rows[(0, 1)]["data_wire_mib"]
     assert rows[(1, 1)]["opt_mib"] < rows[(0, 1)]["opt_mib"] / 1.8
     assert rows[(3, 2)]["params_mib"] < rows[(0, 1)]["params_mib"] / 1.8
+    # without accumulation the layers' gradients are reduced in the backward loop
+    assert rows[(0, 1)]["in_loop"] > 0.25 and rows[(3, 2)]["in_loop"] > 0.5
+
+
+def test_bench_memory_rows_are_the_paper_layouts_and_compile():
+    """``bench memory``: each row is the paper's BOOST layout (with FSDP over data=2: twice the
+    batch), and a row reports compiled and modelled memory per device (a tiny pipelined FSDP
+    config stands in for the compile: the paper rows need up to 32 devices)."""
+    import jax
+
+    from boost_jax.bench.memory import ROWS, measure_row, row_config
+    from boost_jax.config import Config, Data, Parallel, Train
+    from boost_jax.testing import tiny
+
+    c13, f13 = row_config("13b"), row_config("13b_fsdp")
+    assert (c13.parallel.tensor, c13.parallel.pipe, c13.parallel.data) == (4, 2, 1)
+    assert (f13.parallel.data, f13.parallel.zero) == (2, 3)
+    assert f13.train.batch_size == 2 * c13.train.batch_size and set(ROWS) >= {"30b_fsdp"}
+    small = Config(tiny("cola", n_layers=4), Parallel(data=2, pipe=2, tensor=2, zero=3,
+                                                      microbatches=2),
+                   Train(batch_size=8, seq_len=16, dtype="bfloat16"), Data())
+    row = measure_row(small, jax.devices())
+    assert row["devices"] == 8 and 0 < row["temp_gib"] < row["compiled_gib"]
+    assert row["model_gib"] > 0 and row["model_flash_gib"] <= row["model_gib"]
