@@ -131,18 +131,23 @@ def test_report_check_in_bfloat16(payload, remat, stat):
                               Train(batch_size=BATCH, seq_len=SEQ, dtype="bfloat16"), Data()))
     assert rep["check"] == []
     assert _layer_widths(rep, "fwd") == [r, r, 2 * r + stat, 3 * r + stat]
-    assert {c["dtype"] for c in rep["collectives"] if c["where"] == "layer"} == {"bf16"}
+    assert {c["dtype"] for c in rep["collectives"]
+            if c["where"] == "layer" and c["axes"] == "tensor"} == {"bf16"}
+    # the layers' gradients, reduced over data in the backward loop, sum in fp32
+    assert {c["dtype"] for c in rep["collectives"]
+            if c["where"] == "layer" and c["axes"] == "data"} == {"f32"}
     assert rep["measured"]["layer_fwd_bytes"] == 2 * rep["measured"]["layer_fwd"]
 
 
 def test_data_axis_is_one_fp32_gradient_reduction_per_step():
-    """Outside the model: the gradients' fp32 all-reduce over data once per step (XLA's CPU
-    combiner makes it one tuple), the loss, and the global norm's scalar over every axis with
-    the two stop flags riding in it (``[3]``): no collective of its own for the agreed
-    stop."""
+    """Over data: each layer's gradients all-reduced in fp32 once, in the backward layer loop
+    (one run per layer), the embedding's, head's and norms' once after it, the loss, and the
+    global norm's scalar over every axis with the two stop flags riding in it (``[3]``): no
+    collective of its own for the agreed stop."""
     rep = _report("cola", "btp", rmsnorm="online")
     data = [r for r in rep["collectives"] if "data" in r["axes"].split(",")]
     assert {(r["op"], r["runs"], r["where"], r["dtype"]) for r in data} == {
+        ("all-reduce", tiny("cola").n_layers, "layer", "f32"),
         ("all-reduce", 1, "optimizer", "f32")}
     scalars = sorted((r["axes"], r["shape"]) for r in data if r["shape"] in ([], [3]))
     assert scalars == [("data", []), ("data,tensor", [3])]  # loss; grad norm + stop flags
