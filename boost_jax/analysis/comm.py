@@ -221,12 +221,11 @@ def gradient_transfers(model: Model, parallel: Parallel, dtype: str = "float32"
       pipelining in every one of the ``R M + S - 1`` iterations that runs the layer (bubbles
       included): ``(R M + S - 1) / R`` times the stage's parameters per micro-step.
     """
-    from boost_jax.parallel.runner import data_layout, reduces_in_loop
+    from boost_jax.parallel.runner import data_layout
 
     k, sizes = parallel.grad_accum, dict(zip(MESH_AXES, parallel.shape))
     grad, act = _itemsize(parallel.reduce_dtype), _itemsize(dtype)
     layout = data_layout(model, parallel)
-    in_loop = reduces_in_loop(parallel) and parallel.zero in (0, 1) and parallel.data > 1
     run = schedule(model, parallel, parallel.data * k * parallel.microbatches, 1)
     # FSDP: a pipeline stage runs 1/R of its layers per iteration, gathering each again
     per_pass = run["iterations"] / parallel.repeats
@@ -245,7 +244,7 @@ def gradient_transfers(model: Model, parallel: Parallel, dtype: str = "float32"
             out += [Transfer("all-gather", DATA, gathers * n, parallel.data, act, True),
                     Transfer("reduce-scatter", DATA, n, parallel.data, grad, True)]
             continue
-        looping = in_loop and bool(lf.layer_dims)
+        looping = layout.reduced_in_loop(lf)
         reduced = v
         if looping and model.arch == "lax" and "crossing" in jax.tree_util.keystr(path):
             reduced = v * (model.n_layers - 1) / model.n_layers  # block 0 has no crossing

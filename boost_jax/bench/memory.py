@@ -22,6 +22,7 @@ import json
 from absl import flags
 
 from boost_jax.bench.measure import format_rows, run_benchmark
+from boost_jax.cli import user_error
 from boost_jax.config import Config, ConfigError, Data, Train
 
 FLAGS = flags.FLAGS
@@ -98,7 +99,7 @@ def main(argv) -> int:
     try:
         n = max(row_config(name).parallel.num_devices for name in FLAGS.memory_rows)
     except ConfigError as err:
-        raise SystemExit(f"bench memory: error: {err}") from None
+        return user_error("bench memory", err)
     mesh = [f"Parallel.data={n}", "Parallel.tensor=1", "Parallel.pipe=1",
             "Parallel.tp_plan='none'", f"Train.batch_size={n}", "Train.dtype='bfloat16'"]
     return run_benchmark("memory", argv, mesh, _run)

@@ -82,6 +82,8 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
     if segments is not None:  # [M, mb, s] each
         segments = Segments(*(x.reshape(m_count, mb, s) for x in segments))
     _, blocks = nnx.split(model.blocks)
+    if repeats == 1 and plan.layer_gathers:
+        blocks = jax.tree.map(lambda x: x[None], blocks)
     zeros = fresh * 0  # carries with the values' varying-axes type
     forward = [(k, k + 1) for k in range(stages - 1)]
     ring = forward + ([(stages - 1, 0)] if repeats > 1 else [])
@@ -94,8 +96,10 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
         first_in = jnp.where(rep == 0, fresh[mbatch], waiting[mbatch])
         x = jnp.where(stage == 0, first_in, received)
         # one repeat: the stage's layers as they are -- a slice taken in the loop would be
-        # kept for the backward pass once per iteration (a copy of the stage's parameters)
-        layers = blocks if repeats == 1 else jax.tree.map(
+        # kept for the backward pass once per iteration (a copy of the stage's parameters).
+        # Under FSDP the (sharded) slice stays: loop-invariant layers would let XLA hoist
+        # their gathers out of the loop and hold the whole stage gathered.
+        layers = blocks if repeats == 1 and not plan.layer_gathers else jax.tree.map(
             lambda w: lax.dynamic_index_in_dim(w, rep, keepdims=False), blocks)
         seg = None if segments is None else Segments(*(x[mbatch] for x in segments))
         y = model.run_blocks(x, plan, layers, seg)

@@ -50,18 +50,20 @@ def canonical_shapes(model: Model) -> dict:
 
 def data_layout(model: Model, parallel: Parallel) -> DataLayout:
     """The ``Parallel.zero`` layout of the canonical parameters (on a mesh of the configured
-    shape; for analysis, nothing is placed). Cached: it depends on the mesh shape, the plan
-    and the zero stage only, and the planner asks for it once per candidate layout."""
-    return _data_layout(model, parallel.shape, parallel.tp_plan, parallel.zero)
+    shape; for analysis, nothing is placed). Cached: it depends on the mesh shape, the plan,
+    the zero stage and where the gradients are reduced only, and the planner asks for it once
+    per candidate layout."""
+    return _data_layout(model, parallel.shape, parallel.tp_plan, parallel.zero,
+                        reduces_in_loop(parallel))
 
 
 @functools.lru_cache(maxsize=256)
-def _data_layout(model: Model, shape: tuple[int, int, int], tp_plan: str, zero: int
-                 ) -> DataLayout:
+def _data_layout(model: Model, shape: tuple[int, int, int], tp_plan: str, zero: int,
+                 in_loop: bool) -> DataLayout:
     data, pipe, tensor = shape
     parallel = Parallel(data=data, pipe=pipe, tensor=tensor, tp_plan=tp_plan, zero=zero)
     return DataLayout(zero, dict(zip(MESH_AXES, shape)), plan_specs(model, parallel),
-                      canonical_shapes(model), {STACKED: 1})
+                      canonical_shapes(model), {STACKED: 1}, in_loop=in_loop)
 
 
 def reduces_in_loop(parallel: Parallel) -> bool:
