@@ -168,11 +168,17 @@ def schedule(model: Model, parallel: Parallel, batch: int, seq_len: int) -> dict
                 depth=loops + 1)
 
 
-def in_layer_loop(c: Collective, run: dict) -> bool:
+def in_layer_loop(c: Collective, run: dict, first: bool = False) -> bool:
     """Does a compiled collective run in the layer loop (:func:`schedule`'s ``looped`` trips,
-    nested in the accumulation and pipeline loops)?"""
-    return bool(run["looped"]) and len(c.trips) == run["depth"] and \
-        c.trips[-1] == run["looped"]
+    nested in the accumulation and pipeline loops)? ``first``: or in the layer loop of the
+    pipeline's first iteration when that runs before the pipeline loop (parallel/pipeline.py
+    ``FIRST_ITERATION``: a copy of the layer loop, one loop shallower)."""
+    from boost_jax.parallel.pipeline import FIRST_ITERATION
+
+    if not run["looped"] or not c.trips or c.trips[-1] != run["looped"]:
+        return False
+    return len(c.trips) == run["depth"] or (
+        first and len(c.trips) == run["depth"] - 1 and FIRST_ITERATION in c.op_name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -201,10 +201,12 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
     updated = local_params / (data if parallel.zero else 1)  # ZeRO: each rank its slice
     optimizer = 30 * updated / (hw.hbm_bw * eff.memory)
     after, in_loop = data_parallel_time(model, parallel, hw, eff)
-    executions = comm.schedule(model, parallel, batch, seq_len)["executions"]
-    layer_compute = passes * layers_per_stage * sum(
+    runs = comm.schedule(model, parallel, batch, seq_len)["executions"]
+    under = passes * layers_per_stage * sum(
         per_layer[k] for k in ("gemm", "attention", "elementwise"))
-    hidden = min(eff.dp_overlap * in_loop * (1 - 1 / executions), layer_compute)
+    if parallel.zero != 3:  # stages 0/1 reduce in one backward pass over the stage's layers
+        runs, under = layers_per_stage, under / passes  # (a pipeline's first iteration's)
+    hidden = min(eff.dp_overlap * in_loop * (1 - 1 / runs), under)
     dp = after + in_loop - hidden
     breakdown = dict(gemm=busy["gemm"], attention=busy["attention"],
                      elementwise=busy["elementwise"], optimizer=optimizer, tp=busy["tp"],

@@ -110,14 +110,20 @@ class Decoder(nnx.Module):
         return plan.embed(tokens, self.embed[...])
 
     def run_blocks(self, h: jax.Array, plan: Plan, layers=None,
-                   segments: Segments | None = None) -> jax.Array:
+                   segments: Segments | None = None, hook: str = "apply"):
         """Apply stacked blocks to the residual ``h``: all of them, or the stacked parameter
         slice ``layers`` (a pipeline stage's ``[n, ...]`` share of ``nnx.split(blocks)[1]``).
-        ``segments``: the packed rows' document layout, or ``None``."""
+        ``segments``: the packed rows' document layout, or ``None``.
+
+        ``hook``: how each layer's parameters reach its block -- ``apply``: through
+        ``plan.layer_params``; ``skip``: as given (already prepared); ``keep``: through
+        ``plan.layer_params(..., keep=True)``, and the kept copies are returned stacked beside
+        ``h``, ``(h, kept)`` (a pipeline's first iteration, parallel/pipeline.py)."""
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, h, cross):
-            return nnx.merge(graph, plan.layer_params(layer))(h, cross, plan, segments)
+            layer = plan.layer_params(layer) if hook == "apply" else layer
+            return nnx.merge(graph, layer)(h, cross, plan, segments)
 
         gathers = plan.layer_gathers
         cross = None
@@ -130,10 +136,13 @@ class Decoder(nnx.Module):
         block = checkpointed(block, plan.remat, gathers=gathers)
 
         def body(carry, layer):
-            return block(layer, *carry), None
+            kept = None
+            if hook == "keep":
+                layer, kept = plan.layer_params(layer, keep=True)
+            return block(layer, *carry), kept
 
-        (h, _), _ = jax.lax.scan(body, (h, cross or {}), stacked)
-        return h
+        (h, _), kept = jax.lax.scan(body, (h, cross or {}), stacked)
+        return (h, kept) if hook == "keep" else h
 
     def cached_blocks(self, h: jax.Array, plan: Plan, cache_k: jax.Array, cache_v: jax.Array,
                       positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

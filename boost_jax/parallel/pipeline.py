@@ -16,6 +16,15 @@ back around the ring (kept in a buffer until its turn, which needs ``M >= S``). 
 iterations in all: the bubble is ``(S - 1) / (R M + S - 1)``. Every stage runs every
 iteration; idle ones compute on zeros whose results are discarded.
 
+Gradient reduction (GPipe at zero stages 0 and 1, no accumulation). Iteration 0 runs before
+the loop: it casts each layer through ``plan.layer_params(..., keep=True)`` and the loop's
+iterations use the kept casts. Iteration 0 is the last one of the backward pass, and the
+later iterations' cotangents reach the kept casts first, so each layer's gradient is complete
+in iteration 0's backward and reduced over ``data`` there, layer by layer, under the backward
+of the layers below it (parallel/zero.py ``in_loop``). Stages other than 0 are idle in
+iteration 0 (their cotangents there are zeros), yet they run its backward like every other
+iteration, so their reductions hide under it too.
+
 Boundaries. The embedding, the final norm, the head and the loss are per-token work, run
 sharded over ``pipe`` (as MaxText runs its non-pipelined layers): the data shard's ``b s``
 tokens are cut into ``S`` equal chunks (``Config`` checks that ``S`` divides ``b s``), and stage
@@ -41,6 +50,10 @@ from boost_jax.compat import varying_axes
 from boost_jax.models.attention import Segments
 from boost_jax.models.decoder import Decoder
 from boost_jax.parallel.plans.base import PIPE, Plan
+
+#: the name scope of the pipeline's first iteration when it runs before the loop (its layer
+#: loop is one loop shallower than the other iterations'; analysis/comm.py finds it by name)
+FIRST_ITERATION = "pipeline_first_iteration"
 
 
 def stage_layout(x: jax.Array, repeats: int) -> jax.Array:
@@ -89,7 +102,7 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
     ring = forward + ([(stages - 1, 0)] if repeats > 1 else [])
     items = repeats * m_count
 
-    def iteration(carry, i):
+    def iteration(carry, i, layers, hook):
         received, waiting, outputs = carry
         g = jnp.clip(i - stage, 0, items - 1)
         mbatch, rep = g % m_count, g // m_count
@@ -99,10 +112,12 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
         # kept for the backward pass once per iteration (a copy of the stage's parameters).
         # Under FSDP the (sharded) slice stays: loop-invariant layers would let XLA hoist
         # their gathers out of the loop and hold the whole stage gathered.
-        layers = blocks if repeats == 1 and not plan.layer_gathers else jax.tree.map(
-            lambda w: lax.dynamic_index_in_dim(w, rep, keepdims=False), blocks)
+        if repeats > 1 or plan.layer_gathers:
+            layers = jax.tree.map(lambda w: lax.dynamic_index_in_dim(w, rep, keepdims=False),
+                                  layers)
         seg = None if segments is None else Segments(*(x[mbatch] for x in segments))
-        y = model.run_blocks(x, plan, layers, seg)
+        y = model.run_blocks(x, plan, layers, seg, hook)
+        y, kept = y if hook == "keep" else (y, None)
         done = (i - stage >= 0) & (stage == stages - 1) & (rep == repeats - 1)
         outputs = outputs.at[mbatch].set(jnp.where(done, y, outputs[mbatch]))
         received = lax.ppermute(y, PIPE, ring)
@@ -111,10 +126,18 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
             bm, brep = jnp.clip(back, 0, items - 1) % m_count, back // m_count
             keep = (stage == 0) & (back >= 0) & (brep < repeats - 1)
             waiting = waiting.at[bm].set(jnp.where(keep, received, waiting[bm]))
-        return (received, waiting, outputs), None
+        return (received, waiting, outputs), kept
 
-    init = (zeros[0], zeros, zeros)
-    (_, _, outputs), _ = lax.scan(iteration, init, jnp.arange(items + stages - 1))
+    carry, first, hook = (zeros[0], zeros, zeros), 0, "apply"
+    if plan.reduces_in_loop:  # GPipe (runner.reduces_in_loop)
+        # iteration 0, the last in the backward pass, casts the layers and keeps the casts for
+        # the later iterations: their cotangents reach it summed, and each layer's gradient is
+        # reduced over data in this iteration's backward, layer by layer (parallel/zero.py)
+        with jax.named_scope(FIRST_ITERATION):
+            carry, blocks = iteration(carry, 0, blocks, "keep")
+        first, hook = 1, "skip"
+    (_, _, outputs), _ = lax.scan(lambda c, i: (iteration(c, i, blocks, hook)[0], None), carry,
+                                  jnp.arange(first, items + stages - 1))
     # the last stage's final residuals (zeros elsewhere), each stage's chunk of them
     final = lax.psum_scatter(outputs.reshape(1, b * s, -1), PIPE, scatter_dimension=1,
                              tiled=True)  # [1, chunk, d_loc]

@@ -67,9 +67,10 @@ def _data_layout(model: Model, shape: tuple[int, int, int], tp_plan: str, zero: 
 
 
 def reduces_in_loop(parallel: Parallel) -> bool:
-    """Does every layer run once per step (no pipeline, no accumulation), so that zero stages
-    0 and 1 reduce each layer's gradient in the backward layer loop (parallel/zero.py)?"""
-    return parallel.pipe == 1 and parallel.grad_accum == 1
+    """Is each layer's gradient complete in one backward pass over the layers (no
+    accumulation; no pipeline or a GPipe one), so that zero stages 0 and 1 reduce it in the
+    backward layer loop (parallel/zero.py)?"""
+    return parallel.grad_accum == 1 and parallel.repeats == 1
 
 
 def map_blocks(tree, fn):

@@ -16,15 +16,19 @@ collectives of the train step, all run inside the model's ``shard_map`` region.
        dtype before they are gathered (a bf16 run gathers bf16, half the bytes of the fp32
        masters).
 
-Where stages 0 and 1 reduce (``in_loop``). When every layer runs once per step -- no pipeline,
-no gradient accumulation -- each layer's gradient is complete as soon as its backward is done,
-and it is reduced right there, inside the backward layer loop (DDP's and torchtitan's overlap):
-the layer's parameters enter the block through a cast to the compute dtype whose transpose
-all-reduces (stage 0) or reduce-scatters (stage 1) the layer's cotangent over ``data``, so the
-collective of layer ``l`` can run under the backward of layer ``l - 1``. The embedding, head
-and norms are reduced once, after the loop. With accumulation, or pipelining (whose stages run
-their layers once per microbatch), a layer's gradient is a sum over micro-steps: it is reduced
-once, after the last one -- reducing inside the loop would repeat the reduction per micro-step.
+Where stages 0 and 1 reduce (``in_loop``). Without gradient accumulation, each layer's gradient
+is reduced inside the backward layer loop, as soon as it is complete (DDP's and torchtitan's
+overlap): the layer's parameters enter the block through a cast to the compute dtype whose
+transpose all-reduces (stage 0) or reduce-scatters (stage 1) the layer's cotangent over
+``data``, so the collective of layer ``l`` can run under the backward of layer ``l - 1``.
+Under a GPipe pipeline a stage runs its layers once per microbatch; the cast happens in the
+pipeline's first iteration only, which keeps a copy of the cast layer for the later ones
+(``keep``): the later iterations' cotangents reach that copy first, and the cast's transpose
+adds them before it reduces -- in the last backward iteration, layer by layer
+(parallel/pipeline.py). The embedding, head and norms are reduced once, after the loop. With
+accumulation, or the circular schedule (a layer group's last use differs per stage), a
+layer's gradient is reduced once, after the last micro-step -- reducing inside the loop would
+repeat the reduction per micro-step.
 
 Every gradient reduction over ``data`` -- the all-reduce, ZeRO-1's and FSDP's reduce-scatters,
 the per-layer ones in the backward loop included -- sums in ``Parallel.reduce_dtype`` (fp32 by
@@ -121,7 +125,8 @@ def _cast_gather(axis: int, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.
 
 
 @functools.cache
-def _cast_reduce(axis: int | None, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.dtype):
+def _cast_reduce(axis: int | None, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.dtype,
+                 keep: bool = False):
     """``x -> x.astype(dtype)``, marked varying over ``data``, whose transpose sums the
     cotangent over ``data`` in ``reduce_dtype`` and returns it in ``src``: one layer's gradient
     reduced where its backward ends (``in_loop``, see the module docstring).
@@ -130,16 +135,21 @@ def _cast_reduce(axis: int | None, src: jnp.dtype, dtype: jnp.dtype, reduce_dtyp
     whose gradient is the same on every rank). Else ZeRO-1's reduce-scatter onto ``axis``:
     ``x`` varies over ``data`` and its cotangent is this rank's reduced slice put back at its
     offset in zeros (:meth:`DataLayout.reduce` then takes the slice, all the optimizer reads).
+
+    ``keep``: returns the cast twice, ``(used, kept)``; the transpose reduces the sum of both
+    cotangents (the kept copy is what a pipeline's later iterations use).
     """
     @jax.custom_vjp
     def cast(x):
-        return _varying(x.astype(dtype), (DATA,))
+        y = _varying(x.astype(dtype), (DATA,))
+        return (y, y) if keep else y
 
     def fwd(x):
         return cast(x), None
 
     def bwd(_, ct):
-        ct = ct.astype(reduce_dtype)
+        ct = (ct[0].astype(reduce_dtype) + ct[1].astype(reduce_dtype) if keep
+              else ct.astype(reduce_dtype))
         if axis is None:
             return (lax.psum(ct, DATA).astype(src),)
         part = lax.psum_scatter(ct, DATA, scatter_dimension=axis, tiled=True)
@@ -167,8 +177,8 @@ class DataLayout:
         leading layer axes of its leaves.
       reduce_dtype: ``Parallel.reduce_dtype``, the dtype every gradient reduction over
         ``data`` sums in (:meth:`reduce`, and the per-layer reductions).
-      in_loop: every layer runs once per step (no pipeline, no accumulation): at stages 0 and
-        1 each layer's gradient is reduced in the backward layer loop (:meth:`layer_params`).
+      in_loop: no accumulation, and a pipeline (if any) runs GPipe: at stages 0 and 1 each
+        layer's gradient is reduced in the backward layer loop (:meth:`layer_params`).
     """
 
     def __init__(self, stage: int, mesh_shape: Mapping[str, int], specs: dict, shapes: dict,
@@ -278,20 +288,32 @@ class DataLayout:
                                   tiled=True)
         return self._map(gather, params)
 
-    def layer_params(self, layer, dtype) -> object:
+    def layer_params(self, layer, dtype, keep: bool = False) -> object:
         """One layer's stored parameters (stacked axes indexed away) as its block computes with
         them, cast to the compute ``dtype``: FSDP's all-gathered ones (:meth:`gather_layer`),
         or under ``in_loop`` through the cast whose transpose reduces the layer's gradient
-        over ``data`` in :attr:`reduce_dtype`."""
+        over ``data`` in :attr:`reduce_dtype`.
+
+        ``keep`` (``in_loop`` only): returns ``(used, kept)``, two copies of the cast layer;
+        the cotangents of both are summed before the reduction (a pipeline's first iteration
+        keeps the layer for the later ones, see the module docstring)."""
         if self.stage == 3:
+            if keep:
+                raise ValueError("FSDP gathers its layers in every pipeline iteration; "
+                                 "keep is for the in-loop reduction of zero stages 0 and 1")
             return self.gather_layer(layer, dtype)
         dtype = jnp.dtype(dtype)
 
         def cast(path, p):
             lf = self.block_leaves[_keys(path)]
             axis = lf.dim - lf.layer_dims if self.sharded(lf) else None
-            return _cast_reduce(axis, p.dtype, dtype, self.reduce_dtype)(p)
-        return jax.tree_util.tree_map_with_path(cast, layer)
+            return _cast_reduce(axis, p.dtype, dtype, self.reduce_dtype, keep)(p)
+        out = jax.tree_util.tree_map_with_path(cast, layer)
+        if not keep:
+            return out
+        pair = lambda x: isinstance(x, tuple)  # noqa: E731
+        return (jax.tree.map(lambda t: t[0], out, is_leaf=pair),
+                jax.tree.map(lambda t: t[1], out, is_leaf=pair))
 
     def gather_layer(self, layer, dtype) -> object:
         """FSDP: one layer's parameters (stacked axes indexed away) cast to the compute

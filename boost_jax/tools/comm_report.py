@@ -48,7 +48,7 @@ def _where(c, run: dict) -> str:
 
     if "jvp(" not in c.op_name:
         return "optimizer"
-    return "layer" if in_layer_loop(c, run) else "step"
+    return "layer" if in_layer_loop(c, run, first=True) else "step"
 
 
 def compile_step(config: Config, devices=None, gspmd: bool = False):

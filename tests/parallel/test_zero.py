@@ -229,3 +229,74 @@ def test_fsdp_with_pipeline_gathers_per_layer_in_the_stage_loop(schedule, repeat
     per_step = iterations * stage_params // repeats
     assert moved == {("all-gather", "fwd"): per_step, ("all-gather", "bwd"): per_step,
                      ("reduce-scatter", "bwd"): per_step}
+
+
+# --- zero 0/1 under a pipeline ---------------------------------------------------------------
+PP = dict(data=2, pipe=2, tensor=2, tp_plan="btp")
+
+
+@functools.cache
+def _pp_compiled(zero, schedule, repeats):
+    parallel = Parallel(**PP, zero=zero, pipeline_schedule=schedule, pipeline_repeats=repeats,
+                        microbatches=2)
+    config = Config(tiny("cola", n_layers=4), parallel, Train(batch_size=BATCH, seq_len=SEQ),
+                    Data())
+    model, _, compiled = compile_step(config)
+    return build_report(config, compiled=compiled, mesh=model.mesh), compiled.as_text()
+
+
+def _pp_report(zero, schedule, repeats):
+    return _pp_compiled(zero, schedule, repeats)[0]
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_pipelined_layer_reductions_match_single_device(zero):
+    """GPipe PP2 x DP2 x TP2, each layer's gradient reduced in the pipeline's last backward
+    iteration: the loss and every gradient of the single device."""
+    model = tiny("cola", n_layers=4)
+    params = jax.device_get(init_params(abstract_model(model)[1], seed=0))
+    _, _, inputs, targets, _ = _problem("cola")
+    ref_loss, ref_grads = loss_and_grads(model, SINGLE, params, inputs, targets)
+    parallel = Parallel(**PP, zero=zero, microbatches=2)
+    loss, grads = loss_and_grads(model, parallel, params, inputs, targets)
+    assert rel_err(loss, ref_loss) <= 1e-5
+    assert tree_rel_err(grads, ref_grads) <= 1e-5
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_pipelined_layer_gradients_are_reduced_once_inside_the_backward_loop(zero):
+    """GPipe without accumulation: each layer's gradient is reduced over data once per step
+    (not once per microbatch), inside the backward layer loop of the pipeline's first
+    iteration, the last one the backward pass runs; those reductions carry exactly the
+    stage's layer parameters, and comm_report --check is clean."""
+    from boost_jax.analysis.comm import local_parameters
+
+    rep = _pp_report(zero, "gpipe", 1)
+    assert rep["check"] == []
+    op = "all-reduce" if zero == 0 else "reduce-scatter"
+    looped = [r for r in _data_reductions(rep) if r["where"] == "layer"]
+    layers_per_stage = 4 // 2
+    assert looped and {(r["op"], r["direction"], r["runs"]) for r in looped} == {
+        (op, "bwd", layers_per_stage)}
+    stage_params = local_parameters(tiny("cola", n_layers=4), Parallel(**PP, zero=zero))[0]
+    assert sum(r["bytes"] // 4 * r["runs"] * r["instances"] for r in looped) == stage_params
+    # the embedding, head and norms (replicated over pipe too): once, after the loop
+    after = [r for r in rep["collectives"] if "data" in r["axes"].split(",")
+             and r["op"] in ("all-reduce", "reduce-scatter") and r["shape"] != []
+             and r["where"] != "layer"]
+    assert after and all(r["runs"] == 1 for r in after)
+    # off the critical path: each feeds only the gradient buffer the layer loop writes out
+    hlo = _pp_compiled(zero, "gpipe", 1)[1]
+    over_data = {c.name for c in collectives(hlo, (2, 2, 2), ("data", "pipe", "tensor"))
+                 if c.axes == ("data",) and c.trips}
+    found = {name: readers for name, readers in users(hlo, op).items() if name in over_data}
+    assert found
+    for name, readers in found.items():
+        assert readers and all("dynamic-update-slice" in r for r in readers), (name, readers)
+
+
+def test_circular_schedule_reduces_after_the_loop():
+    """The circular schedule (a stage's layer groups last used in different iterations)
+    reduces each gradient once, after the pipeline loop."""
+    reductions = _data_reductions(_pp_report(1, "circular", 2))
+    assert reductions and {(r["where"], r["runs"]) for r in reductions} == {("optimizer", 1)}

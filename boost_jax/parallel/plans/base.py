@@ -123,9 +123,19 @@ class Plan:
         return P(*(self.rules.get(a) if a is not None else None for a in axes))
 
     # --- boundary functions (per device) -------------------------------------------------
-    def layer_params(self, layer):
-        """One layer's parameters (stacked axes indexed away) as its block uses them."""
-        return layer if self.layer_hook is None else self.layer_hook(layer)
+    def layer_params(self, layer, keep: bool = False):
+        """One layer's parameters (stacked axes indexed away) as its block uses them.
+        ``keep``: returns ``(used, kept)``, the second a copy for a pipeline's later
+        iterations (only with a hook that reduces in the loop, :attr:`reduces_in_loop`)."""
+        if self.layer_hook is None:
+            return (layer, layer) if keep else layer
+        return self.layer_hook(layer, keep=keep) if keep else self.layer_hook(layer)
+
+    @property
+    def reduces_in_loop(self) -> bool:
+        """Does the hook reduce each layer's gradient over ``data`` in the backward loop
+        (zero stages 0 and 1, parallel/zero.py ``in_loop``)?"""
+        return self.layer_hook is not None and not self.layer_gathers
 
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
         """``tokens [b, s]`` int, ``table [V, d]`` -> residual ``[b, s, d]``."""
