@@ -246,15 +246,3 @@ def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
         _no_eval(ds, f"its {len(ds.windows('eval', seq_len))} windows of {seq_len + 1} tokens "
                  f"cannot fill one batch of Train.batch_size={global_batch}")
     return out
-    windows = ds.windows("eval", seq_len)
-    n = min(n_batches, len(windows) // global_batch)
-    if n == 0:
-        _no_eval(ds, f"its {len(windows)} windows of {seq_len + 1} tokens cannot fill one "
-                 f"batch of Train.batch_size={global_batch}")
-        return []
-    pick = _ProcessRows(windows, global_batch, rows)
-    out = []
-    for b in range(n):
-        items = [pick(b * pick.local + j) for j in range(pick.local)]
-        out.append({k: np.stack([it[k] for it in items]) for k in ("inputs", "targets")})
-    return out

@@ -20,20 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from boost_jax.config import Model
+from boost_jax.models.decode import bucket
 from boost_jax.models.decoder import bind
 from boost_jax.parallel.plans.base import Plan
 
 MIN_BUCKET = 16
 
 
-def buckets(max_length: int, smallest: int = MIN_BUCKET) -> list[int]:
-    """Row lengths the scorer compiles for: powers of two from ``smallest`` below
-    ``max_length``, then ``max_length``."""
-    out, n = [], smallest
-    while n < max_length:
-        out.append(n)
-        n *= 2
-    return [*out, max_length]
+def row_width(length: int, max_length: int, smallest: int = MIN_BUCKET) -> int:
+    """The padded width of a batch whose longest row has ``length <= max_length`` inputs: the
+    next power of two from ``smallest`` (:func:`boost_jax.models.decode.bucket`), at most
+    ``max_length`` -- the scorer compiles once per width."""
+    return min(bucket(length, smallest), max_length)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
@@ -61,7 +59,6 @@ class Scorer:
         self.cfg, self.max_length, self.batch_size = cfg, max_length, batch_size
         self.dtype = jnp.dtype(dtype)
         self.params = jax.device_put(params, device or jax.devices()[0])
-        self.buckets = buckets(max_length)
 
     def _row(self, context: Sequence[int], continuation: Sequence[int]
              ) -> tuple[list[int], int]:
@@ -83,7 +80,7 @@ class Scorer:
         out: list[tuple[float, bool] | None] = [None] * len(rows)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            width = next(b for b in self.buckets if b >= len(rows[chunk[0]][0]) - 1)
+            width = row_width(len(rows[chunk[0]][0]) - 1, self.max_length)
             inputs = np.zeros((self.batch_size, width), np.int32)
             targets = np.zeros((self.batch_size, width), np.int32)
             mask = np.zeros((self.batch_size, width), bool)

@@ -133,9 +133,10 @@ def decode_step(cfg: Model, params: dict, cache: KVCache, tokens: jax.Array, key
     return sample_logits(logits[:, 0], key, step, temperature, top_p, greedy), cache
 
 
-def bucket(n: int) -> int:
-    """The padded size of ``n``: the next power of two, at least :data:`MIN_BUCKET`."""
-    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+def bucket(n: int, smallest: int = MIN_BUCKET) -> int:
+    """The padded size of ``n >= 1``: the next power of two, at least ``smallest`` (the one
+    bucketing of decoding and of :mod:`boost_jax.evaluation.scoring`)."""
+    return max(smallest, 1 << (n - 1).bit_length())
 
 
 def _check(cfg: Model, prompts: list[list[int]], max_new_tokens: int, temperature: float,
@@ -172,7 +173,7 @@ def generate(cfg: Model, params: dict, prompts: list[list[int]], max_new_tokens:
     if max_new_tokens == 0:
         return [[] for _ in prompts]
     n, longest = len(prompts), max(len(p) for p in prompts)
-    rows, width = 1 << (n - 1).bit_length(), bucket(longest)
+    rows, width = bucket(n, smallest=1), bucket(longest)
     max_len = bucket(width + max_new_tokens - 1)
     tokens = np.zeros((rows, width), np.int32)
     lengths = np.ones(rows, np.int32)  # padding rows: one token 0

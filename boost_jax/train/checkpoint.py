@@ -101,10 +101,16 @@ def _chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
+def root_cause(err: BaseException) -> BaseException:
+    """The innermost of ``err``'s causes (``__cause__``, else ``__context__``; ``err`` itself
+    when it has none): what orbax and TensorStore wrap, e.g. TensorStore's "DATA_LOSS: ...
+    Digest mismatch" under orbax's "Encountered error while reading ..."."""
+    return _chain(err)[-1]
+
+
 def _one_line(err: BaseException, limit: int = 300) -> str:
-    """The root cause of ``err`` (TensorStore's own message, e.g. "DATA_LOSS: ... Digest
-    mismatch", lies under orbax's "Encountered error while reading ...") on one line."""
-    root = _chain(err)[-1]
+    """The root cause of ``err`` (:func:`root_cause`) on one line."""
+    root = root_cause(err)
     text = str(root).split("See full TensorStore details")[0]  # then a page of JSON spec
     return f"{type(root).__name__}: {' '.join(text.split())[:limit]}"
 

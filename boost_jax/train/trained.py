@@ -21,6 +21,7 @@ from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import unflatten
+from boost_jax.train.checkpoint import root_cause
 
 GROUPS = {"Model": Model, "Parallel": Parallel, "Train": Train, "Data": Data}
 
@@ -124,11 +125,8 @@ def read_params(state_dir: Path, model: Model) -> dict:
         state = handler.restore(state_dir, args=ocp.args.PyTreeRestore(
             item={"params": target}, restore_args={"params": restore}, partial_restore=True))
     except Exception as err:  # orbax/tensorstore raise many types on damaged files
-        root = err
-        while root.__cause__ is not None:
-            root = root.__cause__
         raise ConfigError(f"checkpoint {state_dir.parent} could not be read: "
-                          f"{' '.join(str(root).split())[:300]}") from None
+                          f"{' '.join(str(root_cause(err)).split())[:300]}") from None
     finally:
         handler.close()
     params = jax.tree.map(np.asarray, state["params"])

@@ -141,3 +141,12 @@ def test_cache_bytes():
     small = Model(size="small")
     assert decode.cache_bytes(small, 1, 2048) == 2 * 4 * 2048 * 256 * 4  # 16 MiB
     assert decode.latent_cache_bytes(small, 1, 2048) == 2 * 4 * 2048 * 64 * 4  # 4 MiB
+
+
+def test_bucket_is_the_next_power_of_two():
+    """The one bucketing of decoding and of the evaluation scorer (evaluation/scoring.py)."""
+    from boost_jax.evaluation.scoring import row_width
+
+    assert [decode.bucket(n) for n in (1, 16, 17, 33)] == [16, 16, 32, 64]
+    assert [decode.bucket(n, smallest=1) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    assert [row_width(n, 40) for n in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]

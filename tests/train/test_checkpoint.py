@@ -266,6 +266,21 @@ def test_what_counts_as_damage(err, kind):
     assert classify(err) == classify(wrapped) == Failure[kind]
 
 
+
+def test_root_cause_follows_causes_and_contexts():
+    """The one unwrapping of orbax's errors (checkpoint restores, trained.read_params): explicit
+    causes and implicit contexts, down to the innermost; a cycle ends it."""
+    from boost_jax.train.checkpoint import root_cause
+
+    inner = ValueError("DATA_LOSS: Digest mismatch")
+    middle = RuntimeError("Encountered error while reading")
+    middle.__context__ = inner
+    outer = RuntimeError("restore failed")
+    outer.__cause__ = middle
+    assert root_cause(outer) is inner and root_cause(inner) is inner
+    inner.__context__ = outer  # a cycle
+    assert root_cause(outer) is inner
+
 def _failing_reads(monkeypatch, step, times):
     """The state of checkpoint ``step`` raises an injected I/O error on its first ``times``
     reads; returns the list of failed attempts."""
