@@ -15,7 +15,7 @@ import logging as pylogging
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from absl import app, flags, logging
@@ -64,7 +64,8 @@ def setup_devices(config: Config) -> None:
         request_host_devices(local)  # before JAX starts its backends
     else:
         local = distributed.initialize(cluster, local, FLAGS.distributed_timeout,
-                                       FLAGS.heartbeat_timeout)
+                                       FLAGS.heartbeat_timeout,
+                                       cpu_collectives=cpu_collectives())
     import jax
 
     if jax.process_index() > 0:  # logs and metrics come from process 0
@@ -80,6 +81,41 @@ def setup_devices(config: Config) -> None:
             f"mesh {config.parallel.shape}", file=sys.stderr)  # stdout may be --json
 
 
+def cpu_collectives(environ: Mapping[str, str] | None = None) -> str | None:
+    """The cross-process collectives this command asks of JAX's CPU backend in a multi-process
+    run (:func:`boost_jax.parallel.distributed.initialize`): ``"gloo"`` for a CPU-only run
+    (``JAX_PLATFORMS=cpu``: simulated devices talk to the other processes' through it), unless
+    ``JAX_CPU_COLLECTIVES_IMPLEMENTATION`` chooses; None otherwise, which leaves JAX's setting
+    alone (JAX's default is gloo in jax 0.10.2; a GPU run's collectives go
+    through NCCL). A process-wide JAX setting, so the entry point's decision."""
+    env = os.environ if environ is None else environ
+    platforms = {p.strip() for p in env.get("JAX_PLATFORMS", "").split(",") if p.strip()}
+    if platforms != {"cpu"} or "JAX_CPU_COLLECTIVES_IMPLEMENTATION" in env:
+        return None
+    return "gloo"
+
+
+def limit_lapack_threads(config: Config) -> None:
+    """``OPENBLAS_NUM_THREADS=1`` for ``Train.optimizer='loro'`` on CPU unless the user set it
+    (why: :func:`boost_jax.parallel.loro_qr.lapack_threads_limited`). OpenBLAS reads it once,
+    when scipy's LAPACK loads; a warning says when that happened too early for it to apply.
+    A process-wide setting, so the entry point's (after :func:`setup_devices`)."""
+    import jax
+
+    from boost_jax.parallel.loro_qr import LAPACK_MODULE
+
+    if config.train.optimizer != "loro" or jax.default_backend() != "cpu":
+        return
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    if LAPACK_MODULE in sys.modules:
+        logging.warning("Train.optimizer='loro' on CPU: scipy's LAPACK was loaded before "
+                        "OPENBLAS_NUM_THREADS could be set; the exact step may run slowly "
+                        "(start with OPENBLAS_NUM_THREADS=1)")
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
     """Parse gin, validate, set up devices and run ``body(config)``; returns the exit code."""
     logging.set_verbosity(logging.INFO)
@@ -88,6 +124,7 @@ def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
         parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(CONFIGS_DIR)])
         config = load_config()
         setup_devices(config)
+        limit_lapack_threads(config)
         return body(config) or 0
     except ConfigError as err:
         return user_error(prog, err)

@@ -15,7 +15,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_force_host_platform_device_count=8").strip()
 # LORO's exact step calls LAPACK inside XLA's own thread pool (parallel/loro_qr.py,
-# limit_lapack_threads): before anything loads scipy's OpenBLAS
+# lapack_threads_limited): as the entry points do (cli.limit_lapack_threads), before anything
+# loads scipy's OpenBLAS
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(Path.home() / ".cache" / "boost_jax" / "jax_cache_tests"))

@@ -1,7 +1,10 @@
 """What every command shares (boost_jax/cli.py): bad flags and usage errors are one line on
-stderr with exit code 2; ``BOOST_JAX_DEBUG=1`` shows the traceback instead."""
+stderr with exit code 2; ``BOOST_JAX_DEBUG=1`` shows the traceback instead; the process-wide
+settings only an entry point makes (CPU collectives, LAPACK threads)."""
 
+import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -43,3 +46,40 @@ def test_the_debug_switch_raises(monkeypatch):
         cli.user_error("boost_jax.train", err)
     monkeypatch.setenv("BOOST_JAX_DEBUG", "0")
     assert cli.user_error("boost_jax.train", err) == 2
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"JAX_PLATFORMS": "cpu"}, "gloo"),
+    ({"JAX_PLATFORMS": "cuda"}, None),
+    ({"JAX_PLATFORMS": "cpu,cuda"}, None),
+    ({}, None),  # JAX picks the platform: its own collectives setting stays
+    ({"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "mpi"}, None),
+])
+def test_cli_asks_for_gloo_on_cpu_only_runs(env, want):
+    assert cli.cpu_collectives(env) == want
+
+
+def _loro(optimizer="loro"):
+    return SimpleNamespace(train=SimpleNamespace(optimizer=optimizer))
+
+
+def test_the_entry_point_keeps_loros_lapack_to_one_thread(monkeypatch, caplog):
+    """``Train.optimizer='loro'`` on CPU: ``OPENBLAS_NUM_THREADS=1`` before scipy's LAPACK
+    loads (README, LORO on CPU), unless the user chose; not for other optimizers; a warning
+    when the LAPACK was loaded too early for it to apply."""
+    from boost_jax.parallel import loro_qr
+
+    monkeypatch.setattr(loro_qr, "LAPACK_MODULE", "boost_jax_no_such_module")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    cli.limit_lapack_threads(_loro("adamw"))
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+    cli.limit_lapack_threads(_loro())
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    cli.limit_lapack_threads(_loro())
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "3"
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    monkeypatch.setattr(loro_qr, "LAPACK_MODULE", "os")  # loaded already
+    cli.limit_lapack_threads(_loro())
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+    assert "loaded before OPENBLAS_NUM_THREADS could be set" in caplog.text

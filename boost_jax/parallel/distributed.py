@@ -165,11 +165,15 @@ def host_rendezvous(cluster: Cluster, timeout: float) -> None:
 
 
 def initialize(cluster: Cluster, devices_needed: int, timeout: float,
-               heartbeat_timeout: int) -> int:
+               heartbeat_timeout: int, cpu_collectives: str | None = None) -> int:
     """Join the run (before JAX touches any device); returns this process's device count.
 
     On a CPU-only host each process simulates ``devices_needed / num_processes`` devices (and
-    talks to its peers through gloo); that count must be whole.
+    talks to its peers through JAX's CPU collectives); that count must be whole.
+    ``cpu_collectives`` (``"gloo"``, ``"mpi"``): set JAX's process-wide
+    ``jax_cpu_collectives_implementation`` first; None (the default) leaves it as it is (JAX's
+    default is gloo in jax 0.10.2). The entry point decides
+    (:func:`boost_jax.cli.cpu_collectives`: gloo for CPU-only runs, never for GPU runs).
     """
     import jax
 
@@ -180,7 +184,8 @@ def initialize(cluster: Cluster, devices_needed: int, timeout: float,
                           " processes cannot share evenly")
     local = devices_needed // cluster.num_processes
     request_host_devices(local)  # only the CPU backend reads it
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if cpu_collectives is not None:
+        jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     if cluster.process_id == 0:  # process 0 hosts the coordinator itself
         host_rendezvous(cluster, timeout)
     else:

@@ -26,10 +26,8 @@ the Gram matrices of every block in one call travel in a single all-reduce per m
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -109,18 +107,24 @@ def matrixwise(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def lapack_threads_limited() -> bool:
+    """Whether the LAPACK that XLA:CPU calls (scipy's OpenBLAS, which jaxlib's CPU kernels use)
+    is kept to the thread count the user chose: ``OPENBLAS_NUM_THREADS`` is set.
+
+    Why it matters: XLA already runs every device's kernels on its own pool, and OpenBLAS's
+    spinning worker threads on top of it slowed a 6-step LORO run by 6x on two cores,
+    approximate steps included; one thread per call is right. OpenBLAS reads the variable once,
+    when scipy's LAPACK loads, and it is process-wide: the entry points set it
+    (:func:`boost_jax.cli.limit_lapack_threads`, ``OPENBLAS_NUM_THREADS=1`` for
+    ``Train.optimizer='loro'`` on CPU, before anything loads scipy's LAPACK). This function
+    only reads the environment, so a library caller can warn."""
+    return "OPENBLAS_NUM_THREADS" in os.environ
+
+
 def limit_lapack_threads() -> bool:
-    """Keep the LAPACK that XLA:CPU calls (scipy's OpenBLAS, which jaxlib's CPU kernels use) to
-    one thread per call: XLA already runs every device's kernels on its own pool, and
-    OpenBLAS's spinning worker threads on top of it slowed a 6-step LORO run by 6x on two
-    cores, approximate steps included. Sets ``OPENBLAS_NUM_THREADS=1`` unless the user set it,
-    before scipy's LAPACK is loaded (it reads the variable once). Returns False when that
-    library was loaded before (the setting can no longer change)."""
-    if LAPACK_MODULE in sys.modules:
-        return "OPENBLAS_NUM_THREADS" in os.environ
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    importlib.import_module(LAPACK_MODULE)
-    return True
+    """The former name of :func:`lapack_threads_limited` (train/loro.py still calls it): it
+    reads the environment and sets nothing."""
+    return lapack_threads_limited()
 
 
 def _gram(x: jax.Array) -> jax.Array:

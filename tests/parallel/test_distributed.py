@@ -40,3 +40,28 @@ def test_slurm_detection_drives_every_local_gpu():
 def test_bad_settings(kwargs, needle):
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace(")", r"\)")):
         detect(environ={}, **kwargs)
+
+
+def _initialize(monkeypatch, **kwargs) -> list[tuple[str, object]]:
+    """``distributed.initialize`` with the rendezvous, JAX's own initialisation and the device
+    request stubbed out: the JAX settings it changes, in order."""
+    import jax
+
+    from boost_jax.parallel import distributed, mesh
+
+    updates = []
+    monkeypatch.setattr(jax.config, "update", lambda name, value: updates.append((name, value)))
+    monkeypatch.setattr(mesh, "request_host_devices", lambda n: None)
+    monkeypatch.setattr(distributed, "host_rendezvous", lambda cluster, timeout: None)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: None)
+    assert distributed.initialize(Cluster("h:1", 2, 0), 8, 1.0, 5, **kwargs) == 4
+    return updates
+
+
+def test_initialize_leaves_the_cpu_collectives_alone_unless_asked(monkeypatch):
+    """A library caller (a GPU run, a test) keeps JAX's process-wide CPU collectives setting;
+    only an explicit ``cpu_collectives`` (the CLI's, for CPU-only runs) sets it."""
+    assert _initialize(monkeypatch) == []
+    assert _initialize(monkeypatch, cpu_collectives="gloo") == [
+        ("jax_cpu_collectives_implementation", "gloo")]
+
