@@ -120,6 +120,7 @@ def _watch(cmd: list[str], shards: Path, kill_after: int) -> tuple[int, float, s
 def _prepare(config: Config) -> list[dict]:
     from boost_jax.data.prepare import verify
     from boost_jax.data.synthetic import write_corpus
+    from boost_jax.publish import work_dir
 
     out = Path(FLAGS.out)
     src, dst = out / "corpus", out / "prepared"
@@ -129,7 +130,7 @@ def _prepare(config: Config) -> list[dict]:
         print(f"wrote a {FLAGS.prepare_mb:g} MiB synthetic corpus in "
               f"{time.perf_counter() - start:.0f} s: {src}", file=sys.stderr)
     shutil.rmtree(dst, ignore_errors=True)
-    shutil.rmtree(dst.with_name(f".{dst.name}.partial"), ignore_errors=True)
+    shutil.rmtree(work_dir(dst), ignore_errors=True)
     cmd = [sys.executable, "-m", "boost_jax.data.prepare", f"--input={src}", f"--output={dst}",
            f"--tokenizer={config.data.tokenizer}", f"--workers={FLAGS.prepare_workers}",
            *FLAGS.prepare_arg]
@@ -139,7 +140,7 @@ def _prepare(config: Config) -> list[dict]:
         else [("whole", 0)]
     for name, kill_after in runs:
         start = time.perf_counter()
-        rc, peak, err = _watch(cmd, dst.with_name(f".{dst.name}.partial") / "shards", kill_after)
+        rc, peak, err = _watch(cmd, work_dir(dst) / "shards", kill_after)
         seconds = time.perf_counter() - start
         if name != "killed" and rc != 0:
             raise RuntimeError(f"prepare failed ({rc}):\n{err}")

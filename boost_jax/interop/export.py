@@ -26,18 +26,18 @@ Every directory also holds ``config.json`` (a ``LlamaConfig`` plus the layout's 
 neither adds BOS/EOS, as in training (documents are separated by EOS only).
 
 Directories are written beside the output as ``.<out>.partial`` and renamed into place when
-complete; an existing output is only replaced with ``overwrite`` and only if it holds an
-exported model. safetensors is written with ``safetensors.numpy`` (no torch).
+complete (boost_jax/publish.py); an existing output is only replaced with ``overwrite`` and
+only if it holds an exported model. safetensors is written with ``safetensors.numpy`` (no torch).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from pathlib import Path
 
+from boost_jax import publish
 from boost_jax.config import ConfigError, Model
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.interop import cola
@@ -148,37 +148,20 @@ def _is_export(path: Path) -> bool:
 def check_output(out: Path, overwrite: bool) -> None:
     """Refuse an output that is a file, a non-empty directory (unless ``overwrite`` and it
     holds an export) or in a place that cannot be written; ConfigError (one line)."""
-    if out.exists() and not out.is_dir():
+    refused = publish.refusal(out, _is_export, overwrite)
+    if refused is None:
+        return
+    if refused.reason == publish.FILE:
         raise ConfigError(f"--out={out} exists and is not a directory; choose another --out")
-    if out.is_dir() and any(out.iterdir()):
-        if not _is_export(out):
-            raise ConfigError(f"--out={out} is a directory holding other files, not an "
-                              "exported model; choose another --out (never replaced, even "
-                              "with --overwrite)")
-        if not overwrite:
-            raise ConfigError(f"--out={out} already holds an exported model; pass "
-                              "--overwrite to replace it")
-    ancestor = out.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot create --out={out}: {ancestor} is not a writable "
-                          "directory")
-
-
-def _publish(work: Path, out: Path) -> None:
-    """Rename the finished ``work`` directory to ``out``; an export being replaced goes to
-    ``.<out>.old`` first and is deleted last, so ``out`` is never half-written."""
-    if out.is_dir() and any(out.iterdir()):
-        old = out.parent / f".{out.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(work, out)
-        shutil.rmtree(old)
-    else:
-        if out.exists():
-            out.rmdir()
-        os.replace(work, out)
+    if refused.reason == publish.FOREIGN:
+        raise ConfigError(f"--out={out} is a directory holding other files, not an "
+                          "exported model; choose another --out (never replaced, even "
+                          "with --overwrite)")
+    if refused.reason == publish.TAKEN:
+        raise ConfigError(f"--out={out} already holds an exported model; pass "
+                          "--overwrite to replace it")
+    raise ConfigError(f"cannot create --out={out}: {refused.parent} is not a writable "
+                      "directory")
 
 
 def export_model(cfg: Model, params: dict, out: str | Path, fmt: str = "auto",
@@ -198,7 +181,7 @@ def export_model(cfg: Model, params: dict, out: str | Path, fmt: str = "auto",
     check_output(out, overwrite)
     state = to_state_dict(cfg, params, layout)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = out.parent / f".{out.name}.partial"
+    work = publish.work_dir(out)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     try:
@@ -212,7 +195,7 @@ def export_model(cfg: Model, params: dict, out: str | Path, fmt: str = "auto",
             _write_json(work / "generation_config.json",
                         {"_from_model_config": True, "bos_token_id": bos, "eos_token_id": eos})
         save_safetensors(state, work / WEIGHTS_FILE, {"boost_jax_layout": layout})
-        _publish(work, out)
+        publish.publish(work, out, _is_export)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -1,0 +1,69 @@
+"""The manifest of a prepared dataset (data/prepare.py): ``manifest.json``, written last.
+
+It holds the format, the tokenizer (kind, vocab size, eos id), the token dtype, the totals,
+where the eval split came from (``eval_split``, :func:`eval_split_label`), the input counts,
+the shards' records (data/shards.py) and the arguments of the run. An older dataset (format 1)
+has a single-array ``meta.json`` instead; :func:`read_manifest` reads either.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from boost_jax.data.sources import Inputs
+
+FORMAT_VERSION = 2
+
+
+def make_manifest(tok, dtype: str, records: dict[int, dict], train: Inputs, held: Inputs | None,
+                  args: dict) -> dict:
+    """The manifest of a run with tokenizer ``tok``, shards ``records`` (by index) of tokens
+    of ``dtype``, the ``train`` inputs, the eval inputs ``held`` (None: the eval split is the
+    tail of each shard) and the arguments ``args``."""
+    shards = [records[k] for k in sorted(records)]
+    return dict(format=FORMAT_VERSION, tokenizer_kind=tok.kind,
+                vocab_size=tok.vocab_size, eos_id=tok.eos_id, dtype=dtype,
+                train_tokens=sum(s["train_tokens"] for s in shards),
+                eval_tokens=sum(s["tokens"] - s["train_tokens"] for s in shards),
+                documents=sum(s["documents"] for s in shards),
+                eval_split="eval_input" if held else "train_tail", files=len(train.files),
+                ignored_files=len(train.ignored), eval_files=len(held.files) if held else 0,
+                eval_ignored_files=len(held.ignored) if held else 0, shards=shards, **args)
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A prepared dataset's manifest (format 2) or older single-array ``meta.json``
+    (format 1)."""
+    for name in ("manifest.json", "meta.json"):
+        if (Path(path) / name).is_file():
+            return json.loads((Path(path) / name).read_text())
+    raise FileNotFoundError(Path(path) / "manifest.json")
+
+
+def is_dataset(path: Path) -> bool:
+    """Whether the directory ``path`` holds a prepared dataset (of any format)."""
+    return (path / "manifest.json").is_file() or (path / "meta.json").is_file()
+
+
+def describe(path: Path) -> str:
+    """``'1,234 train + 25 eval tokens, tokenizer bpe:4096'`` of a prepared dataset."""
+    try:
+        meta = read_manifest(path)
+        parts = [f"{meta['train_tokens']:,} train + {meta['eval_tokens']:,} eval tokens",
+                 f"tokenizer {meta['tokenizer']}"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its manifest is unreadable"
+    return ", ".join(parts)
+
+
+def eval_split_label(meta: dict) -> str:
+    """What a prepared dataset's eval split is, for people: ``'held-out validation input
+    (c4-validation.*.json.gz)'`` or ``'tail of the training shards (--eval_fraction=0.02; no
+    validation input)'``, also for a manifest older than its ``eval_split`` field."""
+    if meta.get("eval_split") == "eval_input":
+        source = meta.get("eval_pattern") or ", ".join(meta.get("eval_inputs", []))
+        return f"held-out validation input ({source})"
+    fraction = meta.get("eval_fraction")
+    share = "" if fraction is None else f"--eval_fraction={fraction:g}; "
+    return f"tail of the training shards ({share}no validation input)"
