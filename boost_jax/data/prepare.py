@@ -72,12 +72,13 @@ input read and the tokens written. A bundled corpus prepared on first use
 
 # (Not in the docstring above, which is the command's --help.) This module holds prepare(): the
 # checks, then the run in .<output>.partial, published when complete; ensure_bundled(); and the
-# command's flags (absl's --help lists those of the module run as __main__). The parts:
-# sources.py (the inputs), chunking.py (their numbered chunks), tokenizing.py (the tokenizer,
-# the worker processes), shards.py (shard files, --verify), manifest.py, resume.py (what an
-# unfinished run left), prepare_checks.py (the checks before writing), prepare_command.py (the
-# command's main: summary, exit codes), cache.py (the cache of bundled corpora) and
-# boost_jax/publish.py (the output checks and the renames into place, shared with the export).
+# command's flags and main() (absl's --help lists the flags of the module run as __main__). The
+# parts: sources.py (the inputs), chunking.py (their numbered chunks), tokenizing.py (the
+# tokenizer, the worker processes), shards.py (shard files, --verify), manifest.py, resume.py
+# (what an unfinished run left), prepare_checks.py (the checks before writing),
+# prepare_command.py (the command's body: summary, exit codes), cache.py (the cache of bundled
+# corpora) and boost_jax/publish.py (the output checks and the renames into place, shared with
+# the export).
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ import numpy as np
 from tqdm import tqdm
 
 from boost_jax import publish
-from boost_jax.data import resume, tokenizing
+from boost_jax.data import prepare_command, resume, tokenizing
 from boost_jax.data.cache import default_cache_dir, exclusive
 from boost_jax.data.chunking import Chunks
 from boost_jax.data.corpus import corpus_path
@@ -111,7 +112,7 @@ from boost_jax.data.prepare_checks import (
     check_output,
     check_split,
 )
-from boost_jax.data.prepare_command import PROG, main
+from boost_jax.data.prepare_command import PROG
 from boost_jax.data.shards import ShardWriter as _ShardWriter  # the name tests reach it by
 from boost_jax.data.shards import verify, write_json
 from boost_jax.data.sources import Inputs, PrepareError
@@ -261,6 +262,13 @@ def ensure_bundled(name: str, tokenizer: str, eval_fraction: float,
                 # overwrite: an unfinished run of other arguments (the package moved) restarts
                 prepare([source], out, tokenizer, eval_fraction, overwrite=True)
     return out
+
+
+def main(argv: Sequence[str], flag_values: FlagValues | None = None) -> int:
+    """The command, once absl has parsed the flags (into ``flag_values``, by default the global
+    ``FLAGS``); returns the exit code: 0, 1 (``--verify`` found problems), 2 (a user error,
+    one line on stderr) or 130 (interrupted). Its body: data/prepare_command.py."""
+    return prepare_command.run(argv, flag_values, prepare)
 
 
 def define_flags(flag_values: FlagValues | None = None) -> None:

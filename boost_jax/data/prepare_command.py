@@ -1,5 +1,6 @@
-"""The body of ``python -m boost_jax.data.prepare`` (data/prepare.py, which defines its flags):
-verify a dataset, or prepare one and print its summary, with the command's exit codes.
+"""The body of ``python -m boost_jax.data.prepare`` (data/prepare.py, which defines its flags
+and its ``main``): verify a dataset, or prepare one and print its summary, with the command's
+exit codes.
 
 0: done or intact; 1: ``--verify`` found problems; 2: a user error, one line
 ``boost_jax.data.prepare: error: ...`` on stderr (a full disk or denied write mid-run too);
@@ -13,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from boost_jax.data.manifest import eval_split_label
@@ -27,17 +28,19 @@ PROG = "boost_jax.data.prepare"
 _WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def main(argv: Sequence[str], flag_values: FlagValues | None = None) -> int:
+def run(argv: Sequence[str], flag_values: FlagValues | None,
+        prepare: Callable[..., dict]) -> int:
     """The command, once absl has parsed the flags (into ``flag_values``, by default the global
-    ``FLAGS``); returns the exit code: 0, 1 (``--verify`` found problems), 2 (a user error,
-    one line on stderr) or 130 (interrupted)."""
+    ``FLAGS``), preparing with ``prepare`` (data/prepare.py's, passed in: that module imports
+    this one); returns the exit code: 0, 1 (``--verify`` found problems), 2 (a user error, one
+    line on stderr) or 130 (interrupted)."""
     from absl import flags
 
     from boost_jax.cli import debugging, user_error
 
     f = flag_values if flag_values is not None else flags.FLAGS
     try:
-        return _command(argv, f)
+        return _command(argv, f, prepare)
     except PrepareError as err:
         return user_error(PROG, err)
     except OSError as err:  # the disk, mid-run: the finished shards stay for a rerun
@@ -55,14 +58,11 @@ def main(argv: Sequence[str], flag_values: FlagValues | None = None) -> int:
         return 130
 
 
-def _command(argv: Sequence[str], f: FlagValues) -> int:
-    """:func:`main` without its error handling: verify, or prepare and print the summary."""
+def _command(argv: Sequence[str], f: FlagValues, prepare: Callable[..., dict]) -> int:
+    """:func:`run` without its error handling: verify, or prepare and print the summary."""
     import resource
 
     from absl import logging
-
-    # imported here: data/prepare.py re-exports this module's main
-    from boost_jax.data.prepare import prepare
 
     if len(argv) > 1:
         raise PrepareError(f"unexpected arguments {' '.join(argv[1:])!r}: flags take the form "
