@@ -14,17 +14,14 @@ import dataclasses
 
 import gin
 
-from boost_jax.config_fields import (
-    FREE,
-    MATCH,
-    NOTE,
-    ConfigError,  # noqa: F401  (re-exported: the one error type)
-)
+from boost_jax.config_fields import FREE, MATCH, NOTE
 from boost_jax.config_fields import check as _check
 from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
 from boost_jax.config_fields import set_values as _set
+from boost_jax.errors import ConfigError  # noqa: F401  (re-exported: the one error type)
 from boost_jax.models.presets import PRESETS
+from boost_jax.parallel.plans import check as check_plan
 
 ARCHS = ("dense", "svd", "cola", "lax")
 LAX_GATES = ("identity", "dense", "kronecker")
@@ -412,9 +409,7 @@ class Config:
         _check(self.train.batch_size % self.parallel.data == 0,
                f"Train.batch_size={self.train.batch_size} is not divisible by "
                f"Parallel.data={self.parallel.data}")
-        from boost_jax.parallel.plans import get_plan  # the plans import this module
-
-        get_plan(self.parallel).check(self.model, self.parallel.tensor)
+        check_plan(self.model, self.parallel)
         par, m = self.parallel, self.model
         per_shard = self.train.batch_size // par.data
         _check(per_shard % par.grad_accum == 0,

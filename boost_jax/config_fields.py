@@ -8,9 +8,7 @@ import dataclasses
 import types
 import typing
 
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line before any compilation."""
+from boost_jax.errors import ConfigError
 
 
 def check(cond: bool, msg: str) -> None:

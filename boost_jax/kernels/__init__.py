@@ -16,7 +16,7 @@ import functools
 from absl import logging
 
 from boost_jax import gpu_verified
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 
 CHOICES = ("auto", "triton", "xla")
 #: the :data:`boost_jax.gpu_verified.PATHS` entry whose recorded GPU result ``auto`` reads

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from boost_jax import compat, gpu_verified
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 from boost_jax.models.rope import apply_rope, rope_tables
 
 

@@ -25,7 +25,7 @@ from boost_jax.models.batch import loss_sum, segments, token_count
 from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
-from boost_jax.parallel.plans import get_plan
+from boost_jax.parallel.plans import PLANS, get_plan
 from boost_jax.parallel.plans.base import DATA, MESH_AXES, PIPE, Plan, region_axes
 from boost_jax.parallel.zero import DataLayout
 
@@ -35,7 +35,7 @@ BATCH_SPEC = P(DATA, None)
 def plan_specs(model: Model, parallel: Parallel) -> dict:
     """The plan's PartitionSpec of every parameter in the canonical layout (block parameters
     ``[L, ...]``, split over ``pipe`` on the layer axis when pipelining), as a nested dict."""
-    plan, defs = get_plan(parallel), abstract_model(model)[1]
+    plan, defs = PLANS[parallel.tp_plan], abstract_model(model)[1]
     specs = {p: plan.spec(d.axes) for p, d in defs.items()}
     if parallel.pipe > 1:  # each stage holds its layers
         specs = {p: P(PIPE, *s[1:]) if defs[p].stacked else s for p, s in specs.items()}
@@ -100,12 +100,6 @@ class ShardedModel:
     def __init__(self, model: Model, parallel: Parallel, mesh: Mesh, dtype=jnp.float32,
                  gspmd: bool = False, max_segments: int | None = None):
         self.cfg, self.parallel, self.mesh, self.dtype = model, parallel, mesh, jnp.dtype(dtype)
-        self.plan = get_plan(parallel)
-        self.plan.attention, self.plan.packed_attention = resolve_attention(
-            parallel.attention, self.dtype, mesh.devices.flat[0].platform,
-            bounded=max_segments is not None)
-        if max_segments is not None:
-            self.plan.segment_slots = packed_slots(max_segments)
         #: the baseline a JAX user has for free: the parameter shardings only, the model run
         #: as one global program under jit, and GSPMD choosing every collective
         self.gspmd = gspmd
@@ -127,9 +121,20 @@ class ShardedModel:
         self.fsdp = parallel.zero == 3 and not gspmd
         #: a per-layer hook of the zero layout: the stacked parameters are cast per layer
         self.per_layer = self.layout.per_layer and not gspmd
-        if self.per_layer:
-            self.plan.layer_hook = functools.partial(self.layout.layer_params, dtype=self.dtype)
-            self.plan.layer_gathers = self.fsdp
+        self.plan = self._plan(max_segments)
+
+    def _plan(self, max_segments: int | None) -> Plan:
+        """The plan, built once with what this model decides: the attention implementation
+        (``Parallel.attention``, the compute dtype, the platform), cuDNN's packed slots and the
+        zero layout's per-layer hook."""
+        attention, packed = resolve_attention(
+            self.parallel.attention, self.dtype, self.mesh.devices.flat[0].platform,
+            bounded=max_segments is not None)
+        hook = dict(layer_hook=functools.partial(self.layout.layer_params, dtype=self.dtype),
+                    layer_gathers=self.fsdp) if self.per_layer else {}
+        return get_plan(self.parallel, attention=attention, packed_attention=packed,
+                        segment_slots=None if max_segments is None else packed_slots(
+                            max_segments), **hook)
 
     def _named(self, specs):
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,

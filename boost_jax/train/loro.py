@@ -84,7 +84,7 @@ from boost_jax.train.loro_adam import (
     refresh,
     restart_schedule,
 )
-from boost_jax.train.optim import Optimizer, lr_schedule
+from boost_jax.train.optimizer import Optimizer, lr_schedule
 
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel

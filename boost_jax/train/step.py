@@ -32,7 +32,7 @@ from boost_jax import compat
 from boost_jax.models.batch import batch_keys, token_count
 from boost_jax.parallel.plans.base import DATA, MESH_AXES
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
-from boost_jax.train.optim import Optimizer, clip_by_norm
+from boost_jax.train.optimizer import Optimizer, clip_by_norm
 from boost_jax.train.signals import STOP_SIGNALS
 
 

@@ -3,6 +3,8 @@ small programs, then cuDNN attention and the bf16 train step of each tensor-para
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -98,7 +100,8 @@ def _model(parallel: Parallel, arch: str = "cola", attention=("cudnn", "cudnn"))
     """The tiny model in bf16 on the first devices, its attention set as on a GPU."""
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
     model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16, max_segments=MAX_SEGMENTS)
-    model.plan.attention, model.plan.packed_attention = attention
+    model.plan = dataclasses.replace(model.plan, attention=attention[0],
+                                     packed_attention=attention[1])
     return model
 
 

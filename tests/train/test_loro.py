@@ -18,7 +18,8 @@ from boost_jax.models.init import init_params
 from boost_jax.parallel.loro_qr import cholesky_qr
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.testing import SINGLE, rel_err, tiny
-from boost_jax.train.optim import lr_schedule, make_optimizer
+from boost_jax.train.optim import make_optimizer
+from boost_jax.train.optimizer import lr_schedule
 
 K = 3  # exact steps at updates 2, 5, ...
 TRAIN = Train(optimizer="loro", loro_exact_every=K, steps=40, learning_rate=3e-3,

@@ -3,37 +3,62 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax.numpy as jnp
 
-from boost_jax.config import ConfigError, Parallel
+from boost_jax.errors import ConfigError
 from boost_jax.kernels import resolve as resolve_kernels
 from boost_jax.parallel.plans.base import Plan
 from boost_jax.parallel.plans.btp import BTPPlan
 from boost_jax.parallel.plans.fullrank import FullRankPlan
 from boost_jax.parallel.plans.vanilla import VanillaPlan
 
+if TYPE_CHECKING:
+    from boost_jax.config import Model, Parallel
 
-def get_plan(parallel: Parallel) -> Plan:
-    """The plan object for ``parallel.tp_plan`` (and its options)."""
-    options = dict(grouped=parallel.grouping, remat=parallel.remat)
-    if parallel.tp_plan == "none":
-        return Plan(**options)
-    if parallel.tp_plan == "fullrank":
-        return FullRankPlan(**options)
-    if parallel.tp_plan == "vanilla":
-        return VanillaPlan(**options)
+#: ``Parallel.tp_plan`` -> the plan's class
+PLANS: dict[str, type[Plan]] = {cls.name: cls for cls in (Plan, FullRankPlan, VanillaPlan,
+                                                          BTPPlan)}
+
+
+def check(model: Model, parallel: Parallel) -> None:
+    """Raise ConfigError (one line) if ``model`` cannot run under ``parallel``'s plan: the
+    archs it runs, the sizes it splits over ``tensor``, and (btp) the kernels' payload. Static:
+    nothing is built and no device is asked (``Config`` calls it when it is made)."""
+    PLANS[parallel.tp_plan].check(model, parallel.tensor)
+    if parallel.tp_plan == "btp":
+        _check_kernels(parallel)
+
+
+def get_plan(parallel: Parallel, **given) -> Plan:
+    """The plan for ``parallel.tp_plan`` and its options; ``given``: what the runner decides
+    (:class:`Plan`'s ``layer_hook``, ``layer_gathers``, ``attention``, ``packed_attention``,
+    ``segment_slots``). ``Parallel.kernels`` is resolved here (btp), which may ask for a GPU."""
+    options = dict(grouped=parallel.grouping, remat=parallel.remat, **given)
+    if parallel.tp_plan != "btp":
+        return PLANS[parallel.tp_plan](**options)
     payload = jnp.float32 if parallel.norm_payload == "float32" else None
-    return BTPPlan(parallel.rmsnorm, payload, _kernels(parallel), parallel.norm_payload,
-                   **options)
+    return BTPPlan(rmsnorm=parallel.rmsnorm, payload_dtype=payload, kernels=_kernels(parallel),
+                   stat=parallel.norm_payload, **options)
+
+
+def _lanes(parallel: Parallel) -> bool:
+    """Does the online statistic ride in the payload's lanes (``norm_payload='lanes'``)?"""
+    return parallel.rmsnorm == "online" and parallel.norm_payload == "lanes"
 
 
 def _kernels(parallel: Parallel) -> str:
     """``Parallel.kernels`` resolved for btp: the Triton recovery reads the statistic as the
     payload's last element, so the statistic's lanes (``norm_payload='lanes'``) run on XLA
-    (``auto``), and ``triton`` asks for another payload."""
-    lanes = parallel.rmsnorm == "online" and parallel.norm_payload == "lanes"
-    if lanes and parallel.kernels == "triton":
+    under ``auto``, and ``triton`` asks for another payload (:func:`_check_kernels`)."""
+    _check_kernels(parallel)
+    return resolve_kernels("xla" if _lanes(parallel) and parallel.kernels == "auto"
+                           else parallel.kernels)
+
+
+def _check_kernels(parallel: Parallel) -> None:
+    if _lanes(parallel) and parallel.kernels == "triton":
         raise ConfigError("Parallel.kernels='triton' needs Parallel.norm_payload='float32' or "
                           "'compute': the Triton recovery kernel does not read the statistic's "
                           "lanes (norm_payload='lanes'); or use Parallel.kernels='xla'")
-    return resolve_kernels("xla" if lanes and parallel.kernels == "auto" else parallel.kernels)

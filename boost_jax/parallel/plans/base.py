@@ -31,19 +31,23 @@ collectives come from JAX's transpose rules, never from hand-written custom_vjps
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.config import ConfigError, Model
+from boost_jax.errors import ConfigError
 from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import rms_norm
 from boost_jax.parallel.remat import LATENT, tag
 from boost_jax.parallel.vocab import vocab_cross_entropy, vocab_embed
+
+if TYPE_CHECKING:
+    from boost_jax.config import Model
 
 Gemm = Callable[[jax.Array], Any]
 #: LaX's crossing ``(z, prev) -> y`` on whole latents (models/projections.py)
@@ -76,51 +80,59 @@ def g_op(x):
     return jax.tree.map(lambda v: lax.psum(v, TENSOR), x)
 
 
+@dataclasses.dataclass(frozen=True)
 class Plan:
-    """``none``: everything local; the residual stream is replicated over ``tensor``."""
+    """``none``: everything local; the residual stream is replicated over ``tensor``.
 
-    name = "none"
+    A plan is immutable: everything it does is fixed when it is built
+    (:func:`boost_jax.parallel.plans.get_plan`, given the runner's per-layer hook and attention
+    choice)."""
+
+    name: ClassVar[str] = "none"
     #: logical axis name -> mesh axis (absent = replicated)
-    rules: Mapping[str, str | None] = {}
+    rules: ClassVar[Mapping[str, str | None]] = {}
     #: the archs this plan can run
-    archs: tuple[str, ...] = ("dense", "svd", "cola", "lax")
+    archs: ClassVar[tuple[str, ...]] = ("dense", "svd", "cola", "lax")
 
-    def __init__(self, grouped: bool = True, remat: str = "none"):
-        #: one GEMM and collective for the q/k/v (gate/up) members, or one per member
-        self.grouped = grouped
-        #: activation-checkpointing policy of the decoder blocks (parallel/remat.py)
-        self.remat = remat
-        #: the zero layout's per-layer hook (parallel/zero.py ``DataLayout.layer_params``),
-        #: installed by the runner; None: identity
-        self.layer_hook: Callable[[Any], Any] | None = None
-        #: does the hook all-gather (FSDP: the block is then always checkpointed, remat.py)
-        self.layer_gathers = False
-        #: the attention core's implementation for unpacked / packed rows, ``xla`` or ``cudnn``
-        #: (set by the runner from ``Parallel.attention``, the compute dtype and the platform)
-        self.attention = self.packed_attention = "xla"
-        #: cuDNN's packed path: runs of equal segment ids per packed row (models/attention.py
-        #: :func:`packed_slots`), set by the runner from ``Data.max_segments``; None: unbounded
-        self.segment_slots: int | None = None
+    #: one GEMM and collective for the q/k/v (gate/up) members, or one per member
+    grouped: bool = True
+    #: activation-checkpointing policy of the decoder blocks (parallel/remat.py)
+    remat: str = "none"
+    #: the zero layout's per-layer hook (parallel/zero.py ``DataLayout.layer_params``, given
+    #: by the runner); None: identity
+    layer_hook: Callable[..., Any] | None = None
+    #: does the hook all-gather (FSDP: the block is then always checkpointed, remat.py)
+    layer_gathers: bool = False
+    #: the attention core's implementation for unpacked / packed rows, ``xla`` or ``cudnn``
+    #: (the runner's choice from ``Parallel.attention``, the compute dtype and the platform)
+    attention: str = "xla"
+    packed_attention: str = "xla"
+    #: cuDNN's packed path: runs of equal segment ids per packed row (models/attention.py
+    #: :func:`packed_slots`, from ``Data.max_segments``); None: unbounded
+    segment_slots: int | None = None
 
-    def check(self, model: Model, tensor: int) -> None:
+    @classmethod
+    def check(cls, model: Model, tensor: int) -> None:
         """Raise ConfigError if ``model`` cannot run under this plan at TP degree ``tensor``."""
-        if model.arch not in self.archs:
-            raise ConfigError(f"Parallel.tp_plan={self.name!r} runs Model.arch in "
-                              f"{', '.join(self.archs)}, not {model.arch!r}"
+        if model.arch not in cls.archs:
+            raise ConfigError(f"Parallel.tp_plan={cls.name!r} runs Model.arch in "
+                              f"{', '.join(cls.archs)}, not {model.arch!r}"
                               + (" (use 'fullrank' for dense)" if model.arch == "dense" else
                                  " (use 'btp' or 'vanilla' for low-rank archs)"))
-        for name, size in self.divisible(model):
+        for name, size in cls.divisible(model):
             if size % tensor:
                 raise ConfigError(f"Parallel.tensor={tensor} does not divide {name}={size} "
-                                  f"(Parallel.tp_plan={self.name!r} shards it)")
+                                  f"(Parallel.tp_plan={cls.name!r} shards it)")
 
-    def divisible(self, model: Model) -> list[tuple[str, int]]:
+    @classmethod
+    def divisible(cls, model: Model) -> list[tuple[str, int]]:
         """The sizes this plan splits over ``tensor``."""
         return []
 
-    def spec(self, axes: Sequence[str | None]) -> P:
+    @classmethod
+    def spec(cls, axes: Sequence[str | None]) -> P:
         """PartitionSpec of a parameter with the given logical axes."""
-        return P(*(self.rules.get(a) if a is not None else None for a in axes))
+        return P(*(cls.rules.get(a) if a is not None else None for a in axes))
 
     # --- boundary functions (per device) -------------------------------------------------
     def layer_params(self, layer, keep: bool = False):
@@ -184,15 +196,17 @@ class Plan:
         return lse - target
 
 
+@dataclasses.dataclass(frozen=True)
 class VocabParallelPlan(Plan):
     """What every tensor-parallel plan shares: the embedding table is split on the vocabulary
     (``[V/p, d]``) and the LM head on its output (``[d, V/p]``), and the cross-entropy works
     on vocab-sharded logits, so full-vocab logits never exist on one device."""
 
     #: the final hidden state is replicated over ``tensor``, so the head's input needs *f*
-    replicated_hidden = True
+    replicated_hidden: ClassVar[bool] = True
 
-    def divisible(self, model: Model) -> list[tuple[str, int]]:
+    @classmethod
+    def divisible(cls, model: Model) -> list[tuple[str, int]]:
         return [("Model.vocab_size", model.vocab_size)]
 
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:

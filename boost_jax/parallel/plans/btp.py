@@ -16,34 +16,43 @@ all-gathered for the vocab-parallel head.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
 import jax.numpy as jnp
 from jax import lax
 
-from boost_jax.config import Model
 from boost_jax.models.norms import sum_squares
 from boost_jax.parallel.online_rmsnorm import online_norm_down, sync_norm_down
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
 from boost_jax.parallel.vocab import vocab_embed
 
+if TYPE_CHECKING:
+    from boost_jax.config import Model
 
+
+@dataclasses.dataclass(frozen=True)
 class BTPPlan(VocabParallelPlan):
-    name = "btp"
-    archs = ("svd", "cola", "lax")
-    rules = {"embed": TENSOR, "q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR,
-             "vocab": TENSOR}
-    replicated_hidden = False  # the all-gathered hidden state is already 'varying'
+    name: ClassVar[str] = "btp"
+    archs: ClassVar[tuple[str, ...]] = ("svd", "cola", "lax")
+    rules: ClassVar[Mapping[str, str | None]] = {
+        "embed": TENSOR, "q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR, "vocab": TENSOR}
+    #: the all-gathered hidden state is already 'varying'
+    replicated_hidden: ClassVar[bool] = False
 
-    def __init__(self, rmsnorm: str = "online", payload_dtype=None, kernels: str = "xla",
-                 stat: str = "lanes", **options):
-        super().__init__(**options)
-        self.rmsnorm, self.payload_dtype = rmsnorm, payload_dtype
-        #: ``lanes`` | ``compute``: how the online statistic rides in a bf16 payload
-        self.stat = stat
-        #: ``xla`` | ``triton``: who runs the online norm's local pass and recovery
-        self.kernels = kernels
+    #: ``online`` | ``sync``: where the RMSNorm statistic of a norm_down travels
+    rmsnorm: str = "online"
+    #: the online payload's dtype (fp32 for ``norm_payload='float32'``; None: the compute dtype)
+    payload_dtype: Any = None
+    #: ``xla`` | ``triton``: who runs the online norm's local pass and recovery
+    kernels: str = "xla"
+    #: ``lanes`` | ``compute``: how the online statistic rides in a bf16 payload
+    stat: str = "lanes"
 
-    def divisible(self, model: Model):
+    @classmethod
+    def divisible(cls, model: Model):
         # d_model = n_heads * head_dim, so heads dividing implies d does
         return [("Model.n_heads", model.n_heads), ("Model.n_kv_heads", model.n_kv_heads),
                 ("Model.d_ff", model.d_ff), *super().divisible(model)]

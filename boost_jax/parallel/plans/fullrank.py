@@ -7,17 +7,26 @@ transposes at the two column-parallel inputs (*f*): ``4 d`` elements per token p
 
 from __future__ import annotations
 
-from boost_jax.config import Model
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 from boost_jax.parallel.remat import REDUCED, tag
 
+if TYPE_CHECKING:
+    from boost_jax.config import Model
 
+
+@dataclasses.dataclass(frozen=True)
 class FullRankPlan(VocabParallelPlan):
-    name = "fullrank"
-    archs = ("dense",)
-    rules = {"q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR, "vocab": TENSOR}
+    name: ClassVar[str] = "fullrank"
+    archs: ClassVar[tuple[str, ...]] = ("dense",)
+    rules: ClassVar[Mapping[str, str | None]] = {
+        "q_heads": TENSOR, "kv_heads": TENSOR, "mlp": TENSOR, "vocab": TENSOR}
 
-    def divisible(self, model: Model):
+    @classmethod
+    def divisible(cls, model: Model):
         return [("Model.n_heads", model.n_heads), ("Model.n_kv_heads", model.n_kv_heads),
                 ("Model.d_ff", model.d_ff), *super().divisible(model)]
 

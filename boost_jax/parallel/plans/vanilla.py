@@ -31,23 +31,31 @@ anyway). One mechanism keeps the baseline's cost a single formula.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
 import jax
 from jax import lax
 
 from boost_jax.compat import all_gather_invariant
-from boost_jax.config import Model
 from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import rms_norm
 from boost_jax.parallel.plans.base import TENSOR, Crossing, VocabParallelPlan, f_op, g_op
 from boost_jax.parallel.remat import LATENT, REDUCED, tag
 
+if TYPE_CHECKING:
+    from boost_jax.config import Model
 
+
+@dataclasses.dataclass(frozen=True)
 class VanillaPlan(VocabParallelPlan):
-    name = "vanilla"
-    archs = ("svd", "cola", "lax")
-    rules = {"rank": TENSOR, "vocab": TENSOR}
+    name: ClassVar[str] = "vanilla"
+    archs: ClassVar[tuple[str, ...]] = ("svd", "cola", "lax")
+    rules: ClassVar[Mapping[str, str | None]] = {"rank": TENSOR, "vocab": TENSOR}
 
-    def divisible(self, model: Model):
+    @classmethod
+    def divisible(cls, model: Model):
         return [("Model.attn_rank", model.attn_rank), ("Model.mlp_rank", model.mlp_rank),
                 *super().divisible(model)]
 
