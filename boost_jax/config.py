@@ -1,4 +1,5 @@
-"""Gin-configurable configuration: ``Model``, ``Parallel``, ``Train`` and ``Data``.
+"""Gin-configurable configuration: ``Model`` (defined in models/config.py), ``Parallel``, ``Train``
+and ``Data``, and ``Config``, the four together.
 
 Each class is a frozen dataclass whose fields are the public gin bindings
 (``--gin_param=Model.arch='svd'``), each with its one-line meaning (``--print_config`` lists
@@ -20,13 +21,15 @@ from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
 from boost_jax.config_fields import set_values as _set
 from boost_jax.errors import ConfigError  # noqa: F401  (re-exported: the one error type)
-from boost_jax.models.presets import PRESETS
+from boost_jax.models.config import (  # noqa: F401  (re-exported: the four groups here)
+    ARCHS,
+    LATENT_ACT_ARCHS,
+    LAX_GATES,
+    LOWRANK_INITS,
+    Model,
+)
 from boost_jax.parallel.plans import check as check_plan
 
-ARCHS = ("dense", "svd", "cola", "lax")
-LAX_GATES = ("identity", "dense", "kronecker")
-LOWRANK_INITS = ("cola", "loro")
-LATENT_ACT_ARCHS = ("cola", "lax")  # a latent SiLU that only_lr_act lets replace the MLP's
 TP_PLANS = ("none", "fullrank", "vanilla", "btp")
 RMSNORMS = ("online", "sync")
 NORM_PAYLOADS = ("lanes", "compute", "float32")
@@ -40,113 +43,6 @@ LORO_REGULARS = ("authors", "adamw")
 ATTENTIONS = ("auto", "xla", "cudnn")
 KERNELS = ("auto", "triton", "xla")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """The decoder. ``size`` picks a preset (models/presets.py); any field set here wins.
-    ``size='custom'`` starts from no preset (every dimension must then be given).
-
-    ``rank`` sets both ``attn_rank`` (q, k, v, o) and ``mlp_rank`` (gate, up, down); unset ranks
-    default to ``d_model // 4``.
-
-    The MLP is SwiGLU for ``dense`` and ``svd`` (LORO's low-rank LLaMA); ``only_lr_act`` (CoLA's)
-    lets cola's and lax's latent SiLU replace it. ``lax`` defaults to the authors' LaX-CoLA
-    (Kronecker gate, latent LayerNorm); the identity/dense gates and no norm are this project's.
-    """
-
-    arch: str = _field("cola", "projections: dense | svd (B A x) | cola (B silu(A x)) | lax "
-                       "(latent crossing)", MATCH)
-    size: str = _field("small", "preset: " + " | ".join(PRESETS) + " | custom (no preset)", MATCH)
-    d_model: int | None = _field(None, "hidden size (None: the preset's)", MATCH)
-    n_layers: int | None = _field(None, "decoder blocks (None: the preset's)", MATCH)
-    n_heads: int | None = _field(None, "attention heads (None: the preset's)", MATCH)
-    n_kv_heads: int | None = _field(None, "key/value heads, grouped-query attention (None: the "
-                                    "preset's, or n_heads)", MATCH)
-    d_ff: int | None = _field(None, "MLP hidden size (None: the preset's)", MATCH)
-    rank: int | None = _field(None, "sets attn_rank and mlp_rank together", MATCH)
-    attn_rank: int | None = _field(None, "rank of the q, k, v, o factors (None: rank, else "
-                                   "d_model // 4)", MATCH)
-    mlp_rank: int | None = _field(None, "rank of the gate, up, down factors (None: rank, else "
-                                  "d_model // 4)", MATCH)
-    vocab_size: int | None = _field(None, "embedding rows, >= the tokenizer's vocabulary (None: "
-                                    "the preset's)", MATCH)
-    tie_embeddings: bool | None = _field(None, "share the input embedding with the output head "
-                                         "(None: the preset's)", MATCH)
-    only_lr_act: bool | None = _field(None, "cola/lax MLP: True = down(gate * up), False = "
-                                      "down(silu(gate) * up) (None: the preset's); dense, svd: "
-                                      "always the latter (None: False; svd refuses True)", MATCH)
-    lax_gate: str = _field("kronecker", "LaX latent-crossing gate: kronecker (the LaX "
-                           "authors') | identity | dense (this project's variants)", MATCH)
-    lax_latent_norm: bool = _field(True, "LaX: LayerNorm over the r-wide latent after crossing "
-                                   "(the authors'; False: this project's variant)", MATCH)
-    lowrank_init: str = _field("cola", "init of the low-rank factors: cola (CoLA's std "
-                               "(d_in+d_out)^-1/4 r^-1/4 on both) | loro (LORO's Xavier normal, "
-                               "std sqrt(2/(d_in+r)) and sqrt(2/(r+d_out)))", FREE)
-    rope_theta: float = _field(10000.0, "RoPE base frequency", MATCH)
-    norm_eps: float = _field(1e-6, "RMSNorm epsilon", MATCH)
-    init_std: float = _field(0.02, "initial std of embeddings and dense projections", FREE)
-
-    def __post_init__(self):
-        _check_types(self)
-        _check(self.arch in ARCHS, f"Model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
-        _check(self.size in PRESETS or self.size == "custom",
-               f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)} "
-               "or 'custom' (every dimension set explicitly)")
-        preset = {"only_lr_act": True, "tie_embeddings": False, **PRESETS.get(self.size, {})}
-        if self.arch not in LATENT_ACT_ARCHS:  # no latent activation to stand in for the SiLU
-            _check(self.arch != "svd" or not self.only_lr_act, "Model.only_lr_act=True needs "
-                   "a latent activation to replace the MLP's SiLU (cola, lax); Model.arch='svd' "
-                   "has none, so its MLP is always down(silu(gate) * up): leave it unset")
-            preset["only_lr_act"] = False
-        for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
-                      "only_lr_act", "rank"):
-            if getattr(self, field) is None and field in preset:
-                _set(self, **{field: preset[field]})
-        if self.n_kv_heads is None:
-            # a preset's kv-head count only applies when the head count is the preset's too
-            same = "n_kv_heads" in preset and self.n_heads == preset["n_heads"]
-            _set(self, n_kv_heads=preset["n_kv_heads"] if same else self.n_heads)
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0,
-                   f"Model.{name}={value!r} must be a positive integer")
-        d = self.d_model
-        default_rank = self.rank if self.rank is not None else max(d // 4, 1)
-        _set(self, attn_rank=self.attn_rank or default_rank, mlp_rank=self.mlp_rank or default_rank)
-        _check(d % self.n_heads == 0,
-               f"Model.n_heads={self.n_heads} does not divide Model.d_model={d}")
-        _check(self.n_heads % self.n_kv_heads == 0,
-               f"Model.n_kv_heads={self.n_kv_heads} does not divide Model.n_heads={self.n_heads}")
-        _check(self.head_dim % 2 == 0, f"head dim {self.head_dim} must be even for RoPE")
-        if self.is_lowrank:
-            for name in ("attn_rank", "mlp_rank"):
-                r = getattr(self, name)
-                _check(isinstance(r, int) and 0 < r < d,
-                       f"Model.{name}={r} must satisfy 0 < rank < Model.d_model={d}"
-                       + (" (set by Model.rank)" if self.rank is not None else ""))
-        _check(self.lax_gate in LAX_GATES,
-               f"Model.lax_gate={self.lax_gate!r} is not one of {', '.join(LAX_GATES)}")
-        _check(self.lowrank_init in LOWRANK_INITS, f"Model.lowrank_init={self.lowrank_init!r} "
-               f"is not one of {', '.join(LOWRANK_INITS)}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def d_kv(self) -> int:
-        return self.n_kv_heads * self.head_dim
-
-    @property
-    def is_lowrank(self) -> bool:
-        return self.arch != "dense"
-
-    @property
-    def bilinear_mlp(self) -> bool:
-        """The MLP is ``down(gate * up)``: the latent SiLU replaces the gate's (only_lr_act)."""
-        return self.arch in LATENT_ACT_ARCHS and bool(self.only_lr_act)
 
 
 @gin.configurable

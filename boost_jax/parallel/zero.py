@@ -43,7 +43,6 @@ shard. A parameter without such a dimension stays replicated (and all-reduced) a
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping
 
@@ -52,7 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from boost_jax import compat
+from boost_jax.parallel.data_casts import cast_gather, cast_reduce, varying
 from boost_jax.parallel.plans.base import DATA, PIPE, region_axes
 from boost_jax.parallel.remat import GATHERED, tag
 
@@ -90,75 +89,6 @@ class Leaf:
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-
-def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    """``x`` marked varying over every axis of ``axes`` (a psum over them needs that)."""
-    have = compat.varying_axes(x)
-    missing = tuple(a for a in axes if a not in have)
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
-@functools.cache
-def _cast_gather(axis: int, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.dtype):
-    """``x -> all_gather(x.astype(dtype))`` over ``data`` on ``axis`` (tiled: this device's
-    ``[..., n / data, ...]`` shard of ``src`` dtype in, ``[..., n, ...]`` out), whose transpose
-    reduce-scatters the cotangent in ``reduce_dtype`` and returns it in ``src``.
-
-    The transpose of a plain gather of the cast value would reduce-scatter in ``dtype``
-    (bf16 in a bf16 run); a gather of ``x`` followed by the cast would move ``src``'s bytes
-    (fp32). The cotangent of the gathered value varies over the axes the gather's result
-    does, so its reduce-scatter varies over the input's: the rule needs no ``pcast``."""
-    @jax.custom_vjp
-    def gather(x):
-        return lax.all_gather(x.astype(dtype), DATA, axis=axis, tiled=True)
-
-    def fwd(x):
-        return gather(x), None
-
-    def bwd(_, ct):
-        g = lax.psum_scatter(ct.astype(reduce_dtype), DATA, scatter_dimension=axis, tiled=True)
-        return (g.astype(src),)
-
-    gather.defvjp(fwd, bwd)
-    return gather
-
-
-@functools.cache
-def _cast_reduce(axis: int | None, src: jnp.dtype, dtype: jnp.dtype, reduce_dtype: jnp.dtype,
-                 keep: bool = False):
-    """``x -> x.astype(dtype)``, marked varying over ``data``, whose transpose sums the
-    cotangent over ``data`` in ``reduce_dtype`` and returns it in ``src``: one layer's gradient
-    reduced where its backward ends (``in_loop``, see the module docstring).
-
-    ``axis=None``: an all-reduce; ``x`` is invariant over ``data`` (a replicated parameter
-    whose gradient is the same on every rank). Else ZeRO-1's reduce-scatter onto ``axis``:
-    ``x`` varies over ``data`` and its cotangent is this rank's reduced slice put back at its
-    offset in zeros (:meth:`DataLayout.reduce` then takes the slice, all the optimizer reads).
-
-    ``keep``: returns the cast twice, ``(used, kept)``; the transpose reduces the sum of both
-    cotangents (the kept copy is what a pipeline's later iterations use).
-    """
-    @jax.custom_vjp
-    def cast(x):
-        y = _varying(x.astype(dtype), (DATA,))
-        return (y, y) if keep else y
-
-    def fwd(x):
-        return cast(x), None
-
-    def bwd(_, ct):
-        ct = (ct[0].astype(reduce_dtype) + ct[1].astype(reduce_dtype) if keep
-              else ct.astype(reduce_dtype))
-        if axis is None:
-            return (lax.psum(ct, DATA).astype(src),)
-        part = lax.psum_scatter(ct, DATA, scatter_dimension=axis, tiled=True)
-        start = lax.axis_index(DATA) * part.shape[axis]
-        return (lax.dynamic_update_slice_in_dim(jnp.zeros_like(ct), part, start, axis)
-                .astype(src),)
-
-    cast.defvjp(fwd, bwd)
-    return cast
 
 
 def _keys(path) -> tuple:
@@ -307,7 +237,7 @@ class DataLayout:
         def cast(path, p):
             lf = self.block_leaves[_keys(path)]
             axis = lf.dim - lf.layer_dims if self.sharded(lf) else None
-            return _cast_reduce(axis, p.dtype, dtype, self.reduce_dtype, keep)(p)
+            return cast_reduce(axis, p.dtype, dtype, self.reduce_dtype, keep)(p)
         out = jax.tree_util.tree_map_with_path(cast, layer)
         if not keep:
             return out
@@ -330,7 +260,7 @@ class DataLayout:
             if p.dtype == dtype == reduce_dtype:  # nothing to cast: the plain gather
                 p = lax.all_gather(p, DATA, axis=axis, tiled=True)
             else:
-                p = _cast_gather(axis, p.dtype, dtype, reduce_dtype)(p)
+                p = cast_gather(axis, p.dtype, dtype, reduce_dtype)(p)
             return tag(p, GATHERED)
         return jax.tree_util.tree_map_with_path(gather, layer)
 
@@ -400,7 +330,7 @@ class DataLayout:
                     s = jnp.where(lax.axis_index(a) == 0, s, 0.0)
             return s
         parts = jax.tree.leaves(self._map(local, grads))
-        total = _varying(sum(parts[1:], parts[0]), axes)
+        total = varying(sum(parts[1:], parts[0]), axes)
         if riders is None:
             return jnp.sqrt(lax.psum(total, axes) if axes else total)
         both = jnp.concatenate([total[None], riders.reshape(-1).astype(jnp.float32)])
