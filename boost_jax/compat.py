@@ -199,12 +199,18 @@ COMPILATION_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
                             "/jax/compilation_cache/cache_misses": "misses"}
 
 
-# --- orbax-checkpoint's private Zarr v3 metadata builder (train/integrity.py) --------------------
+# --- orbax-checkpoint's private Zarr v3 metadata and write-spec builders (train/integrity.py) ----
 
-#: the module and function through which orbax-checkpoint builds every Zarr v3 array's metadata
-#: (its codec chain); train/integrity.py wraps it to turn on zstd's chunk checksums
-ORBAX_ZARR3_BUILDER = ("orbax.checkpoint._src.serialization.tensorstore_utils",
-                       "_build_zarr3_metadata")
+#: the module that builds the TensorStore specs orbax-checkpoint writes arrays with
+ORBAX_TS_UTILS = "orbax.checkpoint._src.serialization.tensorstore_utils"
+#: the function through which orbax-checkpoint builds every Zarr v3 array's metadata (its codec
+#: chain): train/integrity.py checks that it still has the zstd codec whose checksum it turns on
+ORBAX_ZARR3_BUILDER = (ORBAX_TS_UTILS, "_build_zarr3_metadata")
+#: the function through which orbax-checkpoint builds the write spec of every array it saves
+#: (jax and numpy arrays alike; ``build_array_write_spec(info, ...)``, ``info.parent_dir`` the
+#: directory written): train/integrity.py wraps it to checksum the chunks of the arrays written
+#: under a checkpoint directory of its own
+ORBAX_WRITE_SPEC_BUILDER = (ORBAX_TS_UTILS, "build_array_write_spec")
 
 
 def orbax_version() -> str:
@@ -214,12 +220,12 @@ def orbax_version() -> str:
     return ocp.__version__
 
 
-def orbax_zarr3_builder():
-    """orbax-checkpoint's private ``_build_zarr3_metadata(shape, chunk_shape,
-    use_compression)``, or a one-line RuntimeError naming the installed orbax where it moved."""
+def _orbax_private(where: tuple[str, str]):
+    """orbax-checkpoint's private ``module.name``, or a one-line RuntimeError naming the
+    installed orbax where it moved."""
     import importlib
 
-    module, name = ORBAX_ZARR3_BUILDER
+    module, name = where
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
@@ -229,12 +235,26 @@ def orbax_zarr3_builder():
             "be installed: install a tested orbax-checkpoint (pyproject.toml)") from None
 
 
-def set_orbax_zarr3_builder(fn) -> None:
-    """Make orbax-checkpoint build every Zarr v3 array's metadata with ``fn`` in this process."""
+def orbax_zarr3_builder():
+    """orbax-checkpoint's private ``_build_zarr3_metadata(shape, chunk_shape,
+    use_compression)``, or a one-line RuntimeError naming the installed orbax where it moved."""
+    return _orbax_private(ORBAX_ZARR3_BUILDER)
+
+
+def orbax_write_spec_builder():
+    """orbax-checkpoint's private ``build_array_write_spec(info, arg=None, *, ...)`` (returns
+    an ``ArrayWriteSpec`` whose ``json`` is the TensorStore spec orbax opens to write), or a
+    one-line RuntimeError naming the installed orbax where it moved."""
+    return _orbax_private(ORBAX_WRITE_SPEC_BUILDER)
+
+
+def set_orbax_write_spec_builder(fn) -> None:
+    """Make orbax-checkpoint build every array's write spec with ``fn`` in this process (the
+    caller installs it once, under its own lock: train/integrity.py)."""
     import importlib
 
-    module, name = ORBAX_ZARR3_BUILDER
-    orbax_zarr3_builder()  # the clear error where it moved
+    module, name = ORBAX_WRITE_SPEC_BUILDER
+    orbax_write_spec_builder()  # the clear error where it moved
     setattr(importlib.import_module(module), name, fn)
 
 

@@ -167,16 +167,67 @@ def test_compilation_cache_events(tmp_path):
 
 def test_orbax_zarr3_builder_builds_what_the_checksum_hook_edits():
     """orbax's private builder exists and gives a sharded array whose chunks are zstd-compressed
-    (the codec train/integrity.py turns the checksum on in), with or without the hook."""
+    (the codec train/integrity.py turns the checksum on in); the hook leaves the builder itself
+    alone (it edits the write specs of its own directories: the next test)."""
     from boost_jax.train import integrity
 
     build = compat.orbax_zarr3_builder()
-    build = getattr(build, "unwrapped", build)
     (zstd,) = integrity._compression(build((8,), (8,), use_compression=True))
     assert zstd["name"] == "zstd" and not zstd.get("configuration", {}).get("checksum")
     integrity.install_chunk_checksums()
-    (zstd,) = integrity._compression(compat.orbax_zarr3_builder()((8,), (8,), True))
+    assert compat.orbax_zarr3_builder() is build
+    (zstd,) = integrity._compression(build((8,), (8,), True))
+    assert not zstd.get("configuration", {}).get("checksum")
+    (zstd,) = integrity._compression(integrity.zarr3_metadata([8]))
     assert zstd["configuration"]["checksum"] is True
+
+
+def _write_spec(directory) -> dict:
+    """The TensorStore spec orbax's private builder gives a float32 ``[8]`` array written
+    under ``directory`` (Zarr v3, compressed, no OCDBT)."""
+    from etils import epath
+    from orbax.checkpoint import type_handlers
+
+    info = type_handlers.ParamInfo(name="x", parent_dir=epath.Path(directory), use_zarr3=True,
+                                   use_compression=True, is_ocdbt_checkpoint=False)
+    return compat.orbax_write_spec_builder()(
+        info=info, global_shape=(8,), local_shape=(8,), dtype=np.dtype(np.float32),
+        use_ocdbt=False).json
+
+
+def test_orbax_write_spec_builder_is_what_the_checksum_hook_wraps(tmp_path):
+    """orbax's private write-spec builder exists, takes the ParamInfo that says where the array
+    goes and gives a spec with zstd-compressed Zarr v3 chunks; with the hook installed, the
+    chunks of arrays under a claimed directory are checksummed, nowhere else, and not after the
+    claim is given up."""
+    from boost_jax.train import integrity
+
+    def checksum(directory):
+        (zstd,) = integrity._compression(integrity._spec_metadata(_write_spec(directory)))
+        return zstd.get("configuration", {}).get("checksum", False)
+
+    assert not checksum(tmp_path / "a")
+    claim = integrity.ChunkChecksums(tmp_path / "a")
+    try:
+        assert callable(compat.orbax_write_spec_builder().unwrapped)
+        assert checksum(tmp_path / "a" / "3.orbax-checkpoint-tmp-1" / "state")
+        assert not checksum(tmp_path / "b") and not checksum(tmp_path / "ab")
+        with integrity.chunk_checksums_off():
+            assert not claim.arm()
+        assert not checksum(tmp_path / "a" / "4")
+        assert claim.arm() and checksum(tmp_path / "a" / "4")
+    finally:
+        claim.release()
+    assert not checksum(tmp_path / "a" / "5")
+
+
+def test_orbax_write_spec_builder_moved_is_a_clear_error(monkeypatch):
+    from boost_jax.train import integrity
+
+    monkeypatch.setattr(compat, "ORBAX_WRITE_SPEC_BUILDER",
+                        (compat.ORBAX_TS_UTILS, "_gone_write_spec"))
+    with pytest.raises(RuntimeError, match=r"orbax-checkpoint \S+ has no .*\._gone_write_spec"):
+        integrity.install_chunk_checksums()
 
 
 def test_orbax_zarr3_builder_moved_is_a_clear_error(monkeypatch):

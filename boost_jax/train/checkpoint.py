@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from boost_jax.parallel import distributed
-from boost_jax.train.integrity import STATE_FORMAT, install_chunk_checksums, verify
+from boost_jax.train.integrity import STATE_FORMAT, ChunkChecksums, verify
 from boost_jax.train.resume import ResumeMismatch
 
 ITEMS = ("state", "meta")
@@ -197,7 +197,7 @@ class Checkpointer:
         self.keep, self.asynchronous = keep, asynchronous
         self.quarantined: list[Path] = []  # moved aside by this process's restore
         self._bytes = 0
-        install_chunk_checksums()
+        self._checksums = ChunkChecksums(self.directory)  # the arrays written under it
         if jax.process_index() == 0:
             self._remove_temporaries()
         self._open()
@@ -232,6 +232,7 @@ class Checkpointer:
         self._bytes = sum(x.nbytes for x in jax.tree.leaves(state))
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                   meta=ocp.args.JsonSave({**meta, "state_format": STATE_FORMAT}))
+        self._checksums.arm()  # this save's decision (integrity.chunk_checksums_off)
         try:
             self.mngr.save(step, args=args, force=True)
             if wait:
@@ -267,8 +268,11 @@ class Checkpointer:
             raise self._abandon(err) from err
 
     def close(self) -> None:
-        self.wait()  # on a failed write, closes the manager and raises
-        self.mngr.close()
+        try:
+            self.wait()  # on a failed write, closes the manager and raises
+            self.mngr.close()
+        finally:
+            self._checksums.release()
 
     # --- restoring ------------------------------------------------------------------------
     def restore_latest(self, target: dict,

@@ -1,12 +1,21 @@
 """What makes a restored train state trustworthy: checksummed chunks and a finite state.
 
 **Chunk checksums.** The state is written in Zarr v3 (orbax's ``use_zarr3``), each chunk
-compressed by zstd. :func:`install_chunk_checksums` turns on the zstd codec's ``checksum``
-option in every Zarr v3 array orbax writes in this process (orbax builds the codec chain
-itself and offers no option for it): zstd stores a 32-bit XXH64 digest of each chunk's content
-in its frame, and TensorStore checks it when it decompresses the chunk, so a byte flipped
-inside a data file fails the read instead of restoring silently. Reading needs nothing: the
-codecs are in each array's ``zarr.json``, so any Zarr v3 reader checks them.
+compressed by zstd. Each :class:`~boost_jax.train.checkpoint.Checkpointer` claims its
+directory (:class:`ChunkChecksums`), and every Zarr v3 array orbax writes under it gets the
+zstd codec's ``checksum`` option: zstd stores a 32-bit XXH64 digest of each chunk's content in
+its frame, and TensorStore checks it when it decompresses the chunk, so a byte flipped inside a
+data file fails the read instead of restoring silently. Reading needs nothing: the codecs are
+in each array's ``zarr.json``, so any Zarr v3 reader checks them.
+
+orbax builds the codec chain itself and offers no option for it (nor any public hook into the
+write spec), so :func:`install_chunk_checksums` wraps its private ``build_array_write_spec``
+(:mod:`boost_jax.compat`, pinned in pyproject.toml and checked by tests/test_compat.py) once
+per process, under a lock, and never swaps it again. The wrapper changes only the arrays
+written under a claimed directory, with the decision that directory's save took
+(:func:`chunk_checksums_off` in the thread that started it): it is taken per save and
+travels with the directory, because orbax writes in threads of its own. Other threads'
+checkpointers and orbax's other users in the process are unaffected.
 
 Why zstd's digest and not Zarr v3's ``crc32c`` codec (which orbax puts on the shard index
 only): both are the storage layer's own, both computed by TensorStore's writer threads during
@@ -23,7 +32,10 @@ step (arrays that read perfectly but belong to another checkpoint).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import threading
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -42,29 +54,61 @@ def _compression(metadata: dict) -> list[dict]:
     return [c for c in shard["configuration"]["codecs"] if c["name"] == "zstd"]
 
 
-def _with_chunk_checksum(build):
-    @functools.wraps(build)
-    def build_checksummed(*args, **kwargs) -> dict:
-        metadata = build(*args, **kwargs)
-        for zstd in _compression(metadata):
-            zstd.setdefault("configuration", {})["checksum"] = True
-        return metadata
+def _with_chunk_checksum(metadata: dict) -> dict:
+    """Zarr v3 ``metadata`` with zstd's chunk checksum on (edited in place; returned)."""
+    for zstd in _compression(metadata):
+        zstd.setdefault("configuration", {})["checksum"] = True
+    return metadata
 
-    build_checksummed.unwrapped = build
-    return build_checksummed
+
+def _spec_metadata(spec: dict) -> dict:
+    """The Zarr metadata of a TensorStore write spec (under a ``cast`` driver's ``base``)."""
+    while "metadata" not in spec:
+        spec = spec["base"]
+    return spec["metadata"]
+
+
+_LOCK = threading.Lock()
+#: claimed checkpoint directory -> (its :class:`ChunkChecksums`, whether its save checksums)
+_CLAIMED: dict[Path, tuple[ChunkChecksums, bool]] = {}
+_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("boost_jax_chunk_checksums_off",
+                                                           default=False)
+
+
+def _checksummed_under(directory) -> bool:
+    """Whether an array orbax writes under ``directory`` checksums its chunks: the innermost
+    claimed directory holding it says (none: no)."""
+    path = Path(str(directory))
+    with _LOCK:
+        claims = [c for c in _CLAIMED if c == path or c in path.parents]
+        return bool(claims) and _CLAIMED[max(claims, key=lambda c: len(c.parts))][1]
+
+
+def _checksumming(build_spec):
+    """orbax's ``build_array_write_spec``, with zstd's chunk checksum in the Zarr v3 arrays
+    written under a claimed directory."""
+    @functools.wraps(build_spec)
+    def build(info, *args, **kwargs):
+        spec = build_spec(info, *args, **kwargs)
+        if info.use_zarr3 and _checksummed_under(info.parent_dir):
+            _with_chunk_checksum(_spec_metadata(spec.json))
+        return spec
+
+    build.unwrapped = build_spec
+    return build
 
 
 def install_chunk_checksums() -> None:
-    """Make every Zarr v3 array orbax writes compressed in this process checksum its chunks
-    (idempotent; boost_jax's checkpoints are always compressed).
+    """Install, once per process (thread-safe), the hook that checksums the chunks of the Zarr
+    v3 arrays orbax writes under a directory a :class:`ChunkChecksums` claimed; it changes
+    nothing elsewhere.
 
-    orbax has no option for it: the hook wraps orbax's private metadata builder
-    (:func:`boost_jax.compat.orbax_zarr3_builder`). Raises a one-line RuntimeError when the
-    installed orbax has moved it or builds its Zarr v3 metadata in a way this hook does not
-    know (an orbax upgrade): checkpoints are never written unverified without saying so."""
+    orbax has no option for it: the hook wraps orbax's private write-spec builder
+    (:func:`boost_jax.compat.orbax_write_spec_builder`). Raises a one-line RuntimeError when the
+    installed orbax has moved it or its Zarr v3 metadata builder, or builds that metadata in a
+    way this hook does not know (an orbax upgrade): checkpoints are never written unverified
+    without saying so."""
     build = compat.orbax_zarr3_builder()
-    if getattr(build, "unwrapped", None) is not None:
-        return
     try:
         (_,) = _compression(build((8,), (8,), use_compression=True))
     except Exception as err:
@@ -73,27 +117,54 @@ def install_chunk_checksums() -> None:
             f"differently from what boost_jax/train/integrity.py expects "
             f"({type(err).__name__}: {err}); chunk checksums cannot be installed: install a "
             "tested orbax-checkpoint (pyproject.toml)") from None
-    compat.set_orbax_zarr3_builder(_with_chunk_checksum(build))
+    with _LOCK:
+        build_spec = compat.orbax_write_spec_builder()
+        if getattr(build_spec, "unwrapped", None) is None:
+            compat.set_orbax_write_spec_builder(_checksumming(build_spec))
+
+
+class ChunkChecksums:
+    """Chunk checksums for the arrays orbax writes under ``directory`` (one per
+    :class:`~boost_jax.train.checkpoint.Checkpointer`, claimed until :meth:`release`)."""
+
+    def __init__(self, directory: str | Path):
+        install_chunk_checksums()
+        self.directory = Path(directory).absolute()
+        self.arm()
+
+    def arm(self) -> bool:
+        """Before a save: its arrays checksum their chunks unless the calling thread is inside
+        :func:`chunk_checksums_off`. The decision stays with the directory until the next
+        save (orbax writes in the background, in threads of its own; a CheckpointManager
+        finishes one save before it starts the next). Returns it."""
+        on = not _OFF.get()
+        with _LOCK:
+            _CLAIMED[self.directory] = (self, on)
+        return on
+
+    def release(self) -> None:
+        """Give the directory up (idempotent; a later claim of it by another is kept)."""
+        with _LOCK:
+            if _CLAIMED.get(self.directory, (None, False))[0] is self:
+                del _CLAIMED[self.directory]
 
 
 def zarr3_metadata(shape: list[int], checksum: bool = True) -> dict:
     """The Zarr v3 metadata orbax writes for an array of ``shape`` in one chunk, with or
     without the chunk checksum (for ``bench checkpoint``'s encode timing)."""
-    install_chunk_checksums()
-    build = compat.orbax_zarr3_builder()
-    return (build if checksum else build.unwrapped)(shape, shape, True)
+    metadata = compat.orbax_zarr3_builder()(shape, shape, True)
+    return _with_chunk_checksum(metadata) if checksum else metadata
 
 
 @contextlib.contextmanager
 def chunk_checksums_off():
-    """Write without chunk checksums inside this block (for ``bench checkpoint`` only)."""
-    install_chunk_checksums()
-    checksummed = compat.orbax_zarr3_builder()
-    compat.set_orbax_zarr3_builder(checksummed.unwrapped)
+    """Saves started inside this block, by this thread, write without chunk checksums (for
+    ``bench checkpoint`` and tests only); other threads' saves keep them."""
+    token = _OFF.set(True)
     try:
         yield
     finally:
-        compat.set_orbax_zarr3_builder(checksummed)
+        _OFF.reset(token)
 
 
 @jax.jit

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import shutil
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +97,56 @@ def test_one_flipped_byte_fails_the_chunk_checksum(tmp_path, caplog, checksums):
         assert restored.step == 3 and damaged == []
         assert np.sum(np.asarray(restored.state["params"]["w"]) != np.asarray(x)) == 1
 
+
+
+def _checksummed(checkpoint, array) -> bool:
+    (zstd,) = [c for c in _chunk_codecs(checkpoint, array) if c["name"] == "zstd"]
+    return zstd.get("configuration", {}).get("checksum", False)
+
+
+def test_checksums_are_each_checkpointers_own(tmp_path):
+    """Two checkpointers saving from two threads, one of them without chunk checksums
+    (chunk_checksums_off, as bench checkpoint saves) while the other saves: each checkpoint is
+    written as its own thread asked. orbax used directly in the same process, with both
+    checkpointers open, writes as orbax does (no checksums): the hook is not process-wide."""
+    state = {"step": jnp.int32(3), "params": {"w": jnp.ones((64, 64), jnp.float32)},
+             "opt_state": {}}
+    plain, checked = (Checkpointer(tmp_path / name, keep=1) for name in ("plain", "checked"))
+    inside, saved, errors = threading.Event(), threading.Event(), []
+
+    def save_plain() -> None:
+        try:
+            with chunk_checksums_off():
+                inside.set()
+                assert saved.wait(300)  # the other thread saves while this one is inside
+                plain.save(3, state, {}, wait=True)
+        except BaseException as err:  # reported below
+            errors.append(err)
+        finally:
+            inside.set()
+
+    def save_checked() -> None:
+        try:
+            assert inside.wait(300)
+            checked.save(3, state, {}, wait=True)
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            saved.set()
+
+    threads = [threading.Thread(target=f) for f in (save_plain, save_checked)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_zarr3=True)).save(
+        tmp_path / "orbax" / "state", {"w": np.ones((64, 64), np.float32)})
+    plain.close()
+    checked.close()
+    assert errors == []
+    assert _checksummed(tmp_path / "checked" / "3", "params.w")
+    assert not _checksummed(tmp_path / "plain" / "3", "params.w")
+    assert not _checksummed(tmp_path / "orbax", "w")
 
 def test_every_chunk_is_checksummed_and_the_state_checked(eight_steps):
     """Orbax's Zarr v3 chunks end in TensorStore's crc32c codec (an orbax upgrade that changes
