@@ -26,7 +26,15 @@ from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, unflatten
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
 from boost_jax.parallel.plans import PLANS, get_plan
-from boost_jax.parallel.plans.base import DATA, MESH_AXES, PIPE, Plan, region_axes
+from boost_jax.parallel.plans.base import (
+    DATA,
+    MESH_AXES,
+    PIPE,
+    Plan,
+    as_entry,
+    entry_axes,
+    region_axes,
+)
 from boost_jax.parallel.zero import DataLayout
 
 BATCH_SPEC = P(DATA, None)
@@ -116,7 +124,7 @@ class ShardedModel:
                                  parallel.reduce_dtype, in_loop=reduces_in_loop(parallel)
                                  and not gspmd)
         self.param_specs = self.layout.param_specs
-        self.param_shardings = self._named(self.param_specs)
+        self.param_shardings = self.named(self.param_specs)
         self.batch_sharding = NamedSharding(mesh, BATCH_SPEC)
         self.fsdp = parallel.zero == 3 and not gspmd
         #: a per-layer hook of the zero layout: the stacked parameters are cast per layer
@@ -136,7 +144,8 @@ class ShardedModel:
                         segment_slots=None if max_segments is None else packed_slots(
                             max_segments), **hook)
 
-    def _named(self, specs):
+    def named(self, specs):
+        """``NamedSharding`` on this model's mesh for every PartitionSpec of ``specs``."""
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
                             is_leaf=lambda x: isinstance(x, P))
 
@@ -172,10 +181,7 @@ class ShardedModel:
         trivial = set(MESH_AXES) - set(region_axes(self.mesh.shape))
 
         def strip(spec: P) -> P:
-            def entry(e):
-                kept = tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a not in trivial)
-                return None if not kept else kept[0] if len(kept) == 1 else kept
-            return P(*(None if e is None else entry(e) for e in spec))
+            return P(*(as_entry([a for a in entry_axes(e) if a not in trivial]) for e in spec))
 
         def specs(tree):
             return jax.tree.map(strip, tree, is_leaf=lambda x: isinstance(x, P))

@@ -52,21 +52,14 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.parallel.data_casts import cast_gather, cast_reduce, varying
-from boost_jax.parallel.plans.base import DATA, PIPE, region_axes
+from boost_jax.parallel.plans.base import DATA, PIPE, as_entry, entry_axes, region_axes
 from boost_jax.parallel.remat import GATHERED, tag
-
-
-def _split(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
 def _with_data(spec: P, dim: int, ndim: int) -> P:
     """``spec`` with ``data`` added (minor) to dimension ``dim``."""
     entries = list(spec) + [None] * (ndim - len(spec))
-    axes = (*_split(entries[dim]), DATA)
-    entries[dim] = axes[0] if len(axes) == 1 else axes
+    entries[dim] = as_entry((*entry_axes(entries[dim]), DATA))
     return P(*entries)
 
 
@@ -137,20 +130,20 @@ class DataLayout:
         if self.stage > 0 and self.data > 1:
             entries = list(spec) + [None] * (len(shape) - len(spec))
             for i in range(layer_dims, len(shape)):
-                split = math.prod(self.mesh_shape[a] for a in _split(entries[i]))
+                split = math.prod(self.mesh_shape[a] for a in entry_axes(entries[i]))
                 if (shape[i] // split) % self.data == 0:
                     dim = i
                     break
         stored = _with_data(spec, dim, len(shape)) if self.stage == 3 and dim is not None \
             else spec
-        used = {a for e in stored for a in _split(e)}
+        used = {a for e in stored for a in entry_axes(e)}
         reduce = tuple(a for a in (DATA, PIPE) if a not in used and self.mesh_shape[a] > 1)
         return Leaf(spec, tuple(shape), dim, layer_dims, reduce)
 
     def local_size(self, lf: Leaf) -> int:
         """Elements of a parameter on one device before any ``data`` split (its tensor and
         pipe shard)."""
-        split = math.prod(self.mesh_shape[a] for e in lf.spec for a in _split(e))
+        split = math.prod(self.mesh_shape[a] for e in lf.spec for a in entry_axes(e))
         return math.prod(lf.shape) // split
 
     def items(self) -> list[Leaf]:
@@ -324,7 +317,7 @@ class DataLayout:
         def local(lf, g):
             s = jnp.sum(jnp.square(g.astype(jnp.float32)))
             spec = _with_data(lf.spec, lf.dim, lf.ndim) if self.sharded(lf) else lf.spec
-            used = {a for e in spec for a in _split(e)}
+            used = {a for e in spec for a in entry_axes(e)}
             for a in axes:
                 if a not in used and self.mesh_shape[a] > 1:  # replicated: count rank 0's
                     s = jnp.where(lax.axis_index(a) == 0, s, 0.0)

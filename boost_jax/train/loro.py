@@ -76,6 +76,7 @@ from boost_jax.parallel.loro_qr import (
     local_rank,
     matrixwise,
 )
+from boost_jax.parallel.plans.base import as_entry, entry_axes
 from boost_jax.train.loro_adam import (
     LORO_EPS,
     adam_state,
@@ -154,7 +155,7 @@ def find_pairs(shapes: dict, specs: dict | None = None) -> tuple[Pair, ...]:
                                              (b, len(b_shape), -1, -2)):
             spec = tuple(specs[BLOCKS][proj][key]) if specs is not None else ()
             spec = spec + (None,) * (ndim - len(spec))
-            entries = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in spec]
+            entries = [as_entry(entry_axes(e)) for e in spec]
             named = {i % ndim: e for i, e in enumerate(entries) if e is not None}
             rows, rank = named.pop(rows_dim % ndim, None), named.pop(rank_dim % ndim, None)
             if named or any(isinstance(e, tuple) for e in (rows, rank)) or (rows and rank):

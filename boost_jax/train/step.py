@@ -41,11 +41,6 @@ def _batch_specs(batch: dict) -> dict:
     return {k: BATCH_SPEC for k in batch}
 
 
-def _named(model: ShardedModel, specs):
-    return jax.tree.map(lambda s: NamedSharding(model.mesh, s), specs,
-                        is_leaf=lambda x: isinstance(x, P))
-
-
 def _shapes(model: ShardedModel, opt: Optimizer, canonical: bool) -> dict:
     params = model.param_shapes(canonical)
     return {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
@@ -65,7 +60,7 @@ def state_specs(model: ShardedModel, opt: Optimizer, canonical: bool = False) ->
 
 
 def state_shardings(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
-    return _named(model, state_specs(model, opt, canonical))
+    return model.named(state_specs(model, opt, canonical))
 
 
 def abstract_state(model: ShardedModel, opt: Optimizer, canonical: bool = False) -> dict:
@@ -177,7 +172,7 @@ def make_grad_fn(model: ShardedModel):
             return model.region(functools.partial(local_grads, model),
                                 (model.param_specs, _batch_specs(batch)), out)(params, batch)
     return jax.jit(fn, in_shardings=(model.param_shardings, model.batch_sharding),
-                   out_shardings=_named(model, out))
+                   out_shardings=model.named(out))
 
 
 # --- the agreed stop ------------------------------------------------------------------------
@@ -279,9 +274,9 @@ def make_train_step(model: ShardedModel, opt: Optimizer):
         def step(state, batch, stop):
             return model.region(local_step, (specs, _batch_specs(batch), STOP_SPEC),
                                 (specs, P()))(state, batch, stop)
-    return jax.jit(step, in_shardings=(_named(model, specs), model.batch_sharding,
+    return jax.jit(step, in_shardings=(model.named(specs), model.batch_sharding,
                                        NamedSharding(model.mesh, STOP_SPEC)),
-                   out_shardings=(_named(model, specs), _named(model, P())),
+                   out_shardings=(model.named(specs), model.named(P())),
                    donate_argnums=0)
 
 

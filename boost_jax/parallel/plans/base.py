@@ -65,6 +65,18 @@ def region_axes(mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
     return tuple(a for a in MESH_AXES if a == TENSOR or mesh_shape[a] > 1)
 
 
+def entry_axes(entry) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (``None``, an axis, or a tuple of axes)."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def as_entry(axes: Sequence[str]):
+    """Inverse of :func:`entry_axes`: ``None``, the one axis, or the tuple of axes."""
+    return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+
+
 def f_op(x):
     """Megatron's *f*: mark a replicated value as entering tensor-sharded weights.
 
