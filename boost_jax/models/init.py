@@ -1,4 +1,9 @@
-"""Mesh-independent parameter initialisation from ``(seed, parameter path)``.
+"""The parameter tree, one owner: each parameter's definition (:class:`ParamDef`: global
+shape, logical axes, initialiser), the nested-dict tree and its flat form, the global shapes
+and the PartitionSpecs a plan's rules give (:func:`param_shapes`, :func:`param_specs`), the
+stacked decoder blocks (:data:`STACKED`, :func:`map_blocks`), and mesh-independent
+initialisation from ``(seed, parameter path)``. The model (models/decoder.py) declares the
+parameters; the runner (parallel/runner.py) lays them out with these functions.
 
 Every parameter is declared as an ``nnx.Param`` whose metadata carries its initialiser (an
 :class:`Init`) and its logical axes. :func:`param_defs` reads those declarations from an
@@ -18,6 +23,7 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 STACKED = "blocks"  # top-level collection whose parameters carry a leading layer axis
 LAYERS_AXIS = "layers"
@@ -121,6 +127,30 @@ def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, object]:
         else:
             out[(*prefix, k)] = v
     return out
+
+
+def param_shapes(defs: Mapping[tuple, ParamDef]) -> dict:
+    """``ShapeDtypeStruct`` (global shape, fp32) of every parameter, as a nested dict."""
+    return unflatten({p: jax.ShapeDtypeStruct(d.shape, jnp.float32) for p, d in defs.items()})
+
+
+def param_specs(defs: Mapping[tuple, ParamDef], spec: Callable[[tuple], P],
+                stage_axis: str | None = None) -> dict:
+    """Every parameter's PartitionSpec, as a nested dict: ``spec`` maps its logical axes to one
+    (a plan's rules); ``stage_axis``: the mesh axis the stacked layer axis is split over (a
+    pipeline's stages), else the layers stay whole."""
+    out = {p: spec(d.axes) for p, d in defs.items()}
+    if stage_axis is not None:
+        out = {p: P(stage_axis, *s[1:]) if defs[p].stacked else s for p, s in out.items()}
+    return unflatten(out)
+
+
+def map_blocks(tree, fn):
+    """Apply ``fn`` to the leaves under the :data:`STACKED` key of ``tree`` (parameters,
+    optimizer moments, specs)."""
+    def leaf(path, x):
+        return fn(x) if any(getattr(k, "key", None) == STACKED for k in path) else x
+    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=lambda x: isinstance(x, P))
 
 
 def init_params(defs: Mapping[tuple, ParamDef], seed: int,

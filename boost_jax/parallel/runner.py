@@ -23,7 +23,7 @@ from boost_jax.config import ConfigError, Model, Parallel
 from boost_jax.models.attention import Segments, packed_slots, resolve_attention
 from boost_jax.models.batch import loss_sum, segments, token_count
 from boost_jax.models.decoder import Decoder, abstract_model, bind
-from boost_jax.models.init import STACKED, init_params, unflatten
+from boost_jax.models.init import STACKED, init_params, map_blocks, param_shapes, param_specs
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
 from boost_jax.parallel.plans import PLANS, get_plan
 from boost_jax.parallel.plans.base import (
@@ -43,17 +43,13 @@ BATCH_SPEC = P(DATA, None)
 def plan_specs(model: Model, parallel: Parallel) -> dict:
     """The plan's PartitionSpec of every parameter in the canonical layout (block parameters
     ``[L, ...]``, split over ``pipe`` on the layer axis when pipelining), as a nested dict."""
-    plan, defs = PLANS[parallel.tp_plan], abstract_model(model)[1]
-    specs = {p: plan.spec(d.axes) for p, d in defs.items()}
-    if parallel.pipe > 1:  # each stage holds its layers
-        specs = {p: P(PIPE, *s[1:]) if defs[p].stacked else s for p, s in specs.items()}
-    return unflatten(specs)
+    return param_specs(abstract_model(model)[1], PLANS[parallel.tp_plan].spec,
+                       PIPE if parallel.pipe > 1 else None)
 
 
 def canonical_shapes(model: Model) -> dict:
     """``ShapeDtypeStruct`` (global shape, fp32) of every parameter, canonical layout."""
-    return unflatten({p: jax.ShapeDtypeStruct(d.shape, jnp.float32)
-                      for p, d in abstract_model(model)[1].items()})
+    return param_shapes(abstract_model(model)[1])
 
 
 def data_layout(model: Model, parallel: Parallel) -> DataLayout:
@@ -79,13 +75,6 @@ def reduces_in_loop(parallel: Parallel) -> bool:
     accumulation; no pipeline or a GPipe one), so that zero stages 0 and 1 reduce it in the
     backward layer loop (parallel/zero.py)?"""
     return parallel.grad_accum == 1 and parallel.repeats == 1
-
-
-def map_blocks(tree, fn):
-    """Apply ``fn`` to the leaves under a ``blocks`` key (params, optimizer moments, specs)."""
-    def leaf(path, x):
-        return fn(x) if any(getattr(k, "key", None) == STACKED for k in path) else x
-    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=lambda x: isinstance(x, P))
 
 
 class ShardedModel:
