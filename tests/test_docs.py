@@ -186,6 +186,9 @@ def _module_flags(module: str) -> set[str]:
     """The absl flags ``python -m module`` defines: in its file and in the boost_jax modules
     that file imports."""
     main = _module_file(module)
+    alias = re.search(r'runpy\.run_module\("(boost_jax[\w.]*)"', main.read_text())
+    if alias:  # a thin alias (boost_jax/eval.py ...): the command it runs
+        main = _module_file(alias[1])
     files = [main]
     for base, names in re.findall(r"^from (boost_jax[\w.]*) import ([\w, ]+)$", main.read_text(),
                                   re.M):

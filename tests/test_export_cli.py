@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
+from boost_jax.commands.export import command
 from boost_jax.config import Config, Data, Train
 from boost_jax.data import tokenizer as tokenizers
-from boost_jax.export import command
 from boost_jax.interop.export import export_model, load_export
 from boost_jax.testing import SINGLE, rel_err, tiny
 from boost_jax.train.checkpoint import Checkpointer

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from boost_jax import generate as cli
+from boost_jax.commands import generate as cli
 from tests.train.test_samples import SAMPLE_TOKENS, logged_samples, sampled_run  # noqa: F401
 
 

@@ -8,7 +8,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from boost_jax import plan as plan_cli
+from boost_jax.commands import plan as plan_cli
 
 FLAGS = flags.FLAGS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from boost_jax.bench.plots import loss_curves
-from boost_jax.plot import PlotError, command, describe, parse_runs, plot, read_metrics
+from boost_jax.commands.plot import PlotError, command, describe, parse_runs, plot, read_metrics
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
