@@ -19,7 +19,7 @@ runs per device inside the ``jax.shard_map`` region built by :mod:`boost_jax.par
 ``layer_params``   a layer's stored parameters -> the ones its block computes with (the
                    identity, or the zero layout's per-layer hook: FSDP's all-gather over
                    ``data``, or the cast whose transpose reduces the layer's gradient over
-                   ``data`` in the backward loop; set by the runner)
+                   ``data`` in the backward loop; given by the runner when it builds the plan)
 =================  ==========================================================================
 
 ``gemm`` arguments are callables holding the local matrix products (returning an array or a
