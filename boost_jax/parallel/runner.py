@@ -1,14 +1,14 @@
 """The decoder placed on a mesh: where every parameter lives, and the ``jax.shard_map`` regions.
 
-:class:`ShardedModel` lays the parameter tree (models/init.py: definitions, shapes, specs from a
-plan's rules) out on the mesh -- the plan's PartitionSpecs (block parameters split over ``pipe``
-when pipelining) and the ``Parallel.zero`` layout over ``data`` (parallel/zero.py) -- builds
-the plan once with what it decides (parallel/plans), and builds the ``shard_map`` regions that run per device: the global loss
-(eval, and the GSPMD baseline's gradients), and any per-device function over the whole mesh
-(:meth:`ShardedModel.region`: the train step of train/step.py, gradients, clipping and AdamW
-included, so no gradient ever leaves the region). Inside, everything is the single model
-definition (models/decoder.py), run directly or through the pipeline schedule
-(parallel/pipeline.py). Gradients come from JAX's transpose rules.
+:class:`ShardedModel` lays the parameter tree (models/init.py: definitions, shapes, specs from
+a plan's rules) out on the mesh -- the plan's PartitionSpecs (block parameters split over
+``pipe`` when pipelining) and the ``Parallel.zero`` layout over ``data`` (parallel/zero.py) --
+builds the plan once with what it decides (parallel/plans), and builds the ``shard_map``
+regions that run per device: the global loss (eval, and the GSPMD baseline's gradients), and
+any per-device function over the whole mesh (:meth:`ShardedModel.region`: the train step of
+train/step.py, gradients, clipping and AdamW included, so no gradient ever leaves the region).
+Inside, everything is the single model definition (models/decoder.py), run directly or through
+the pipeline schedule (parallel/pipeline.py). Gradients come from JAX's transpose rules.
 """
 
 from __future__ import annotations
