@@ -34,8 +34,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +78,7 @@ _OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("boost_jax_chunk_che
                                                            default=False)
 
 
-def _checksummed_under(directory) -> bool:
+def _checksummed_under(directory: str | os.PathLike) -> bool:
     """Whether an array orbax writes under ``directory`` checksums its chunks: the innermost
     claimed directory holding it says (none: no)."""
     path = Path(str(directory))
@@ -84,11 +87,11 @@ def _checksummed_under(directory) -> bool:
         return bool(claims) and _CLAIMED[max(claims, key=lambda c: len(c.parts))][1]
 
 
-def _checksumming(build_spec):
+def _checksumming(build_spec: Callable[..., Any]) -> Callable[..., Any]:
     """orbax's ``build_array_write_spec``, with zstd's chunk checksum in the Zarr v3 arrays
     written under a claimed directory."""
     @functools.wraps(build_spec)
-    def build(info, *args, **kwargs):
+    def build(info, *args, **kwargs):  # orbax passes ``info=`` by keyword
         spec = build_spec(info, *args, **kwargs)
         if info.use_zarr3 and _checksummed_under(info.parent_dir):
             _with_chunk_checksum(_spec_metadata(spec.json))
