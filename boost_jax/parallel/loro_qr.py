@@ -121,12 +121,6 @@ def lapack_threads_limited() -> bool:
     return "OPENBLAS_NUM_THREADS" in os.environ
 
 
-def limit_lapack_threads() -> bool:
-    """The former name of :func:`lapack_threads_limited` (train/loro.py still calls it): it
-    reads the environment and sets nothing."""
-    return lapack_threads_limited()
-
-
 def _gram(x: jax.Array) -> jax.Array:
     """The upper triangle ``[..., c (c + 1) / 2]`` of this device's ``x^T x`` (what travels:
     the Gram matrix is symmetric)."""

@@ -72,7 +72,7 @@ from boost_jax.parallel.loro_qr import (
     FactorSplit,
     cholesky_qr,
     gather_rank,
-    limit_lapack_threads,
+    lapack_threads_limited,
     local_rank,
     matrixwise,
 )
@@ -354,10 +354,10 @@ def make_loro(train: Train, model: ShardedModel | Model | None) -> Optimizer:
     else:
         cfg, shapes, specs = model.cfg, model.param_shapes(), model.param_specs
         check_loro(cfg, model.parallel, model.gspmd)
-    if jax.default_backend() == "cpu" and not limit_lapack_threads():
-        logging.warning("Train.optimizer='loro' on CPU: scipy's LAPACK was loaded before "
-                        "OPENBLAS_NUM_THREADS could be set; the exact step may run slowly "
-                        "(start with OPENBLAS_NUM_THREADS=1)")
+    if jax.default_backend() == "cpu" and not lapack_threads_limited():
+        logging.warning("Train.optimizer='loro' on CPU without OPENBLAS_NUM_THREADS: scipy's "
+                        "OpenBLAS threads may slow the exact step several times over; start "
+                        "with OPENBLAS_NUM_THREADS=1 (python -m boost_jax.train sets it)")
     pairs = find_pairs(shapes, specs)
     schedule = restart_schedule(lr_schedule(train), train.loro_exact_every)
     return Optimizer(loro(train, schedule, pairs, cfg.d_model), schedule, train.grad_clip)

@@ -21,7 +21,7 @@ from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import unflatten
-from boost_jax.train.checkpoint import root_cause
+from boost_jax.train.read_failures import root_cause
 
 GROUPS = {"Model": Model, "Parallel": Parallel, "Train": Train, "Data": Data}
 

@@ -16,8 +16,7 @@ def test_the_lapack_thread_check_reads_the_environment_only(monkeypatch):
     monkeypatch.setattr(loro_qr, "LAPACK_MODULE", UNLOADED)
     monkeypatch.delitem(sys.modules, UNLOADED, raising=False)
     before = dict(os.environ)
-    assert loro_qr.limit_lapack_threads() is False  # the name train/loro.py calls
     assert loro_qr.lapack_threads_limited() is False
     assert dict(os.environ) == before and UNLOADED not in sys.modules
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
-    assert loro_qr.lapack_threads_limited() and loro_qr.limit_lapack_threads()
+    assert loro_qr.lapack_threads_limited()

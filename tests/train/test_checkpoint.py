@@ -310,7 +310,7 @@ def _config_groups(saved, size):
     (ValueError("Tree structures differ: {'a': *} vs {'b': *}"), "UNKNOWN"),
 ])
 def test_what_counts_as_damage(err, kind):
-    from boost_jax.train.checkpoint import Failure, classify
+    from boost_jax.train.read_failures import Failure, classify
 
     wrapped = RuntimeError("Encountered error while reading")
     wrapped.__cause__ = err
@@ -321,7 +321,7 @@ def test_what_counts_as_damage(err, kind):
 def test_root_cause_follows_causes_and_contexts():
     """The one unwrapping of orbax's errors (checkpoint restores, trained.read_params): explicit
     causes and implicit contexts, down to the innermost; a cycle ends it."""
-    from boost_jax.train.checkpoint import root_cause
+    from boost_jax.train.read_failures import root_cause
 
     inner = ValueError("DATA_LOSS: Digest mismatch")
     middle = RuntimeError("Encountered error while reading")
