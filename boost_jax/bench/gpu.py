@@ -26,7 +26,7 @@ from pathlib import Path
 
 from absl import flags
 
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 
 FLAGS = flags.FLAGS
 PARTS = ("attention", "kernels", "profile")

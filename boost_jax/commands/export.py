@@ -27,7 +27,7 @@ from pathlib import Path
 from absl import flags, logging
 
 from boost_jax.cli import run_app, user_error
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 
 PROG = "boost_jax.export"
 FLAGS = flags.FLAGS

@@ -27,7 +27,7 @@ from absl import flags
 
 from boost_jax import cli
 from boost_jax.cli import define_gin_flags
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 
 PROG = "boost_jax.plan"
 FLAGS = flags.FLAGS

@@ -32,7 +32,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 from boost_jax.evaluation.scoring import Scorer
 from boost_jax.train.trained import Trained, load_trained
 

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from boost_jax.config import ConfigError
+from boost_jax.errors import ConfigError
 
 DEFAULT_PORT = 12355
 
