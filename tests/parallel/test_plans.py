@@ -174,3 +174,22 @@ def test_logits_are_vocab_sharded_and_equal():
                                      jax.device_put(inputs, sharded.batch_sharding))
     assert logits.sharding.spec[2] == "tensor"  # no device holds the full vocabulary
     assert rel_err(logits, reference_logits(model, params, jnp.asarray(inputs))) < 1e-5
+
+
+def test_a_plan_is_fixed_when_it_is_built():
+    """Plans are immutable: what the runner decides (the zero layout's per-layer hook, the
+    attention implementation) is given when it builds the plan, not written in afterwards."""
+    import dataclasses
+
+    from boost_jax.parallel.mesh import make_mesh
+    from boost_jax.parallel.plans import get_plan
+    from boost_jax.parallel.runner import ShardedModel
+
+    plan = get_plan(Parallel(data=1, tensor=4))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.attention = "cudnn"
+    parallel = Parallel(data=2, tensor=4, zero=1)
+    model = ShardedModel(tiny("cola"), parallel, make_mesh(parallel))
+    assert model.plan.layer_hook is not None and model.plan.reduces_in_loop
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        model.plan.layer_hook = None
