@@ -79,12 +79,11 @@ def check_layout(problem: Problem, layout: Layout, devices) -> dict:
 
 
 def verify(problem: Problem, top: int, devices=None) -> list[dict]:
-    """Check the ``top`` best layouts of the small-shape version of ``problem``."""
+    """Check the ``top`` best layouts of the small-shape version of ``problem`` on
+    ``devices`` (default: all; on a CPU host the command asks for ``problem.gpus`` simulated
+    devices before JAX starts)."""
     import jax
 
-    from boost_jax.parallel.mesh import request_host_devices
-
-    request_host_devices(max(problem.gpus, 1))  # no effect once JAX's backends are up
     devices = list(jax.devices() if devices is None else devices)
     small = small_problem(problem, len(devices))
     layouts = plan(small).layouts[:top]

@@ -114,7 +114,9 @@ def _run(model, train) -> int:
     checks = None
     if FLAGS.verify:
         from boost_jax.analysis.plan_verify import verify
+        from boost_jax.parallel.mesh import request_host_devices
 
+        request_host_devices(max(problem.gpus, 1))  # no effect once JAX's backends are up
         checks = verify(problem, FLAGS.verify_top)
     if FLAGS.emit_gin:
         try:
