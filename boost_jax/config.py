@@ -205,6 +205,15 @@ class Train:
     sample_prompts: tuple[str, ...] = _field(("ROMEO:", "The king"), "prompts of the logged "
                                              "samples", FREE)
     sample_tokens: int = _field(32, "new tokens per logged sample", FREE)
+    profile_steps: int = _field(0, "steps traced with jax.profiler into <workdir>/profile/ "
+                                "(0: no trace)", FREE)
+    profile_start_step: int = _field(10, "the first traced step (profile_steps > 0)", FREE)
+    profile_processes: tuple[int, ...] = _field((0,), "the processes that write a trace "
+                                                "(profile_steps > 0)", FREE)
+    hang_timeout_s: float | None = _field(0.0, "seconds without a finished step before the "
+                                          "run dumps its threads' stacks and exits with code "
+                                          "75 (0: max(600, 20 x median step time); None: "
+                                          "never)", FREE)
 
     def __post_init__(self):
         _check_types(self)
@@ -229,6 +238,7 @@ class Train:
             _check(isinstance(value, int) and value > 0,
                    f"Train.{name}={value!r} must be a positive integer")
         _check(self.dtype in DTYPES, f"Train.dtype={self.dtype!r} is not one of {DTYPES}")
+        self._check_operations()
         if self.warmup_steps is None:
             _set(self, warmup_steps=self.horizon // 10)
         _check(0 <= self.warmup_steps < self.horizon,
@@ -238,6 +248,22 @@ class Train:
         _check(self.learning_rate > 0, f"Train.learning_rate={self.learning_rate} must be > 0")
         _check(0.0 <= self.min_lr_ratio <= 1.0,
                f"Train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+
+    def _check_operations(self) -> None:
+        """The profiling window and the hang watchdog's limit."""
+        _check(self.profile_steps >= 0,
+               f"Train.profile_steps={self.profile_steps} must be >= 0 (0: no trace)")
+        _check(self.profile_start_step >= 1,
+               f"Train.profile_start_step={self.profile_start_step} must be >= 1")
+        _check(not self.profile_steps or self.profile_start_step <= self.steps,
+               f"Train.profile_start_step={self.profile_start_step} is after the run's last "
+               f"step (Train.steps={self.steps}): the trace would be empty")
+        _check(bool(self.profile_processes) and min(self.profile_processes) >= 0,
+               f"Train.profile_processes={self.profile_processes!r} must name process "
+               "indices >= 0, e.g. (0,)")
+        _check(self.hang_timeout_s is None or self.hang_timeout_s >= 0,
+               f"Train.hang_timeout_s={self.hang_timeout_s} must be >= 0 (0: automatic) or "
+               "None (no watchdog)")
 
     @property
     def horizon(self) -> int:

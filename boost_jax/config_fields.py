@@ -30,6 +30,12 @@ def _accepts(kind: type, value) -> bool:
     return numeric and (kind is float or isinstance(value, int))
 
 
+def _tuple_name(kind) -> str:
+    """``'a tuple of strings'`` for ``tuple[str, ...]``."""
+    item = typing.get_args(kind)[0]
+    return f"a tuple of {_TYPE_NAMES[item].removeprefix('a ').removeprefix('an ')}s"
+
+
 def check_types(obj) -> None:
     """Every field holds a value of its annotated type (a float field takes an integer too,
     stored as a float); else a ConfigError naming the binding."""
@@ -42,7 +48,7 @@ def check_types(obj) -> None:
             set_values(obj, **{f.name: value})
         kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         if not any(_accepts(k, value) for k in kinds):
-            expected = " or ".join(_TYPE_NAMES.get(k, "a tuple of strings") for k in kinds)
+            expected = " or ".join(_TYPE_NAMES.get(k) or _tuple_name(k) for k in kinds)
             raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {expected}")
         if float in kinds and isinstance(value, int):
             set_values(obj, **{f.name: float(value)})

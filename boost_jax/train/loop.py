@@ -15,11 +15,14 @@ summed flags in the metrics of the same step ``n``, leaves the loop after step `
 most two steps after the signal), saves the same checkpoint and exits with the signal's code,
 however many of them received it and when. A second signal ends the process at once, without
 a checkpoint (train/signals.py).
+
+Operating a run: each step's report and the pauses feed the goodput account
+(train/report.py, train/goodput.py) and the hang watchdog (train/watchdog.py), which watches
+the training loop only; ``Train.profile_steps`` steps are traced (train/profiling.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -33,7 +36,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
-from boost_jax.config import Config, ConfigError, Train
+from boost_jax.config import Config, ConfigError
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
@@ -41,9 +44,14 @@ from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train import data_state
 from boost_jax.train.checkpoint import Checkpointer
+from boost_jax.train.goodput import Goodput, read_history
+from boost_jax.train.goodput import summary as goodput_summary
 from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer
-from boost_jax.train.progress import Window, compiling, duration, say
+from boost_jax.train.profiling import StepProfiler
+from boost_jax.train.progress import compiling, duration, say
+from boost_jax.train.report import Diverged
+from boost_jax.train.report import Reporter as _Reporter
 from boost_jax.train.resume import check_resume
 from boost_jax.train.samples import Sampler, check_sample_size, host_params
 from boost_jax.train.signals import StopRequest
@@ -57,6 +65,7 @@ from boost_jax.train.step import (
     stop_flags,
     to_checkpoint_layout,
 )
+from boost_jax.train.watchdog import Watchdog
 
 
 @dataclasses.dataclass
@@ -89,77 +98,12 @@ def _write_config(workdir: Path, config: Config) -> None:
     (workdir / "config.gin").write_text(operative_gin(config))
 
 
-class Diverged(RuntimeError):
-    """The loss or gradient norm stopped being finite (``Train.nonfinite``)."""
-
-
-class _Reporter:
-    """Reads a step's metrics back from the device, records them with step time, throughput
-    and MFU, prints a progress line every ``Train.log_every`` steps, and applies the
-    non-finite policy.
-
-    One clock: the time of step ``n`` is the gap between the completions of steps ``n-1`` and
-    ``n``, less the time spent in :meth:`paused` blocks (eval, checkpoint saves) in between.
-    """
-
-    def __init__(self, writer: MetricsWriter, train: Train, tokens: int,
-                 flops_per_device: float, peak: float | None):
-        self.writer, self.train = writer, train
-        self.tokens, self.flops, self.peak = tokens, flops_per_device, peak
-        self.window = Window(train.steps, tokens, flops_per_device, peak)
-        self.last_done, self.excluded, self.last_loss = time.perf_counter(), 0.0, None
-        self.skipped_in_a_row, self.skipped = 0, 0
-
-    @contextlib.contextmanager
-    def paused(self):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.excluded += time.perf_counter() - start
-
-    def __call__(self, step: int, metrics: dict) -> int:
-        """Log step ``step``'s metrics; returns the agreed stop signal (0: go on)."""
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        signum = int(values.pop("stop_signal"))
-        now = time.perf_counter()
-        dt = now - self.last_done - self.excluded
-        self.last_done, self.excluded = now, 0.0
-        values.update(step_time=dt, tokens_per_sec=self.tokens / dt,
-                      tflops_per_device=self.flops / dt / 1e12,
-                      mfu=None if self.peak is None else self.flops / dt / self.peak)
-        self._check_finite(step, values)
-        self.last_loss = values["loss"]
-        self.writer.write(step, values)
-        self.window.add(dt)
-        if step % self.train.log_every == 0 or step == self.train.steps:
-            say(self.window.line(step, values["loss"]))
-        return signum
-
-    def _check_finite(self, step: int, values: dict) -> None:
-        """Count a skipped step; raise :class:`Diverged` when the policy says stop."""
-        if not values["nonfinite"]:
-            self.skipped_in_a_row = 0
-            return
-        self.skipped += 1
-        self.skipped_in_a_row += 1
-        values["skipped_total"] = self.skipped
-        what = f"step {step}: loss {values['loss']}, gradient norm {values['grad_norm']}"
-        if self.train.nonfinite == "stop":
-            raise Diverged(f"{what} (Train.nonfinite='stop'); the step was not applied and "
-                           "no checkpoint was written after it")
-        if self.skipped_in_a_row > self.train.max_skips:
-            raise Diverged(f"{what}: {self.skipped_in_a_row} steps in a row skipped, more "
-                           f"than Train.max_skips={self.train.max_skips}")
-        logging.warning("%s: not finite, step skipped (parameters and optimizer state "
-                        "unchanged; %d in a row)", what, self.skipped_in_a_row)
-
-
 class _Run:
     """One run's parts, and the named steps of the loop: restore, step, report, evaluate,
     sample, checkpoint, finish."""
 
-    def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool):
+    def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool,
+                 goodput: Goodput):
         t = config.train
         check_sample_size(config.model, t)  # before anything is built or compiled
         self.config, self.workdir, self.t = config, workdir, t
@@ -177,7 +121,9 @@ class _Run:
         self.evals = [self.global_batch(b) for b in
                       eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)]
         self.eval_split = eval_split_label(dataset.meta)
-        self.lead = jax.process_index() == 0
+        self.lead, self.goodput = jax.process_index() == 0, goodput
+        self.profiler = StepProfiler(t, workdir, jax.process_index(), jax.process_count())
+        self.watchdog = Watchdog(t.hang_timeout_s, workdir, jax.process_index())
         self.sampler = Sampler(t, dataset.path) if t.sample_every else None
         if self.lead:
             workdir.mkdir(parents=True, exist_ok=True)
@@ -200,8 +146,9 @@ class _Run:
         which a workdir whose checkpoints all turned out damaged gets only with
         ``fresh_start`` (else :class:`ConfigError`)."""
         model, opt = self.model, self.opt
-        restored = self.ckpt.restore_latest(abstract_state(model, opt, canonical=True),
-                                            check_meta=self._check_meta)
+        with self.goodput.timed("checkpoint"):
+            restored = self.ckpt.restore_latest(abstract_state(model, opt, canonical=True),
+                                                check_meta=self._check_meta)
         if restored is not None:
             state = from_checkpoint_layout(model, opt, restored.state)
             self.train_it.set_state(data_state.position(
@@ -224,10 +171,12 @@ class _Run:
         t, mesh = self.t, self.model.mesh
         if self.lead:
             _write_config(self.workdir, self.config)
+        if self.lead:  # the time of the processes before, before the rewind moves it aside
+            self.goodput.resume(read_history(self.workdir / "metrics.jsonl"), start)
         self.writer = MetricsWriter(self.workdir, start, enabled=self.lead)
         tokens = t.batch_size * t.seq_len
         kind = mesh.devices.flat[0].device_kind
-        with compiling("the train step"):
+        with self.goodput.timed("compile"), compiling("the train step"):
             self.step_fn = compile_train_step(self.model, self.opt, t.batch_size, t.seq_len,
                                               self.config.data.packing == "document")
         self.eval_fn = make_eval_step(self.model)
@@ -236,13 +185,15 @@ class _Run:
         if self.evals:
             say(f"evaluating {len(self.evals)} batch(es) of the eval split: {self.eval_split}")
         flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
+        self.writer.write(start, self.goodput.record(), prefix="")
         self.report = _Reporter(self.writer, t, tokens, flops,
-                                peak_flops(kind, t.dtype, t.peak_tflops))
+                                peak_flops(kind, t.dtype, t.peak_tflops), self.goodput,
+                                self.watchdog)
 
     def evaluate(self, step: int, params: dict) -> float | None:
         if not self.evals:
             return None
-        with self.report.paused():
+        with self.report.paused("eval"):
             loss = evaluate(self.eval_fn, params, self.evals).loss
         self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
         say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
@@ -253,7 +204,7 @@ class _Run:
         to the end-of-text token) from ``params``, on one device in ``Train.dtype``: a
         ``samples`` line in the metrics, TensorBoard text and a line each on stdout. Every
         process takes part in gathering the parameters; process 0 generates and writes."""
-        with self.report.paused():
+        with self.report.paused("eval"):
             host = host_params(self.model, params)
             if not self.lead:
                 return
@@ -263,7 +214,7 @@ class _Run:
             say(f"sample at step {step}: {text!r}")
 
     def checkpoint(self, step: int, state: dict, wait: bool = False) -> None:
-        with self.report.paused():
+        with self.report.paused("checkpoint"):
             position = data_state.gather(self.train_it.get_state(), self.rows)
             self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
                            {**self.meta, "data_state": position}, wait=wait)
@@ -295,8 +246,10 @@ class _Run:
             signum = stop.signum  # read once: a signal may arrive at any moment
             if signum not in flags:
                 flags[signum] = stop_flags(self.model, signum)
-            batch = self.global_batch(next(self.train_it))
-            state, metrics = self.step_fn(state, batch, flags[signum])
+            with self.profiler.step(step + 1, pending, self.report.paused):
+                with self.report.fetching(pending):
+                    batch = self.global_batch(next(self.train_it))
+                state, metrics = self.step_fn(state, batch, flags[signum])
             step = self.step = step + 1
             flush()
             pending = (step, metrics)
@@ -350,14 +303,15 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     t_start, workdir = time.perf_counter(), Path(workdir).absolute()
     _check_writable(workdir)
     with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
-        r = _Run(config, workdir, devices, checkpoint_async)
+        r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start))
         state, start = r.restore(fresh_start)
         if start >= config.train.steps:
             return _nothing_to_do(r, start)
         r.compile(start)
         diverged = None
         try:
-            state, step, eval_loss = r.train(state, start, stop)
+            with r.profiler, r.watchdog:  # the steps are profiled, and watched for hangs
+                state, step, eval_loss = r.train(state, start, stop)
         except Diverged as err:  # nothing is saved over the last good checkpoint
             diverged, step, eval_loss = str(err), r.step, None
         interrupted = r.signal or None
@@ -370,6 +324,8 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                 eval_loss = r.evaluate(step, state["params"])
                 if config.train.sample_every:
                     r.sample(step, state["params"])
+        goodput = r.goodput.record()
+        r.writer.write(step, goodput, prefix="")
         r.close()
     summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
                       str(r.ckpt.directory), str(r.writer.path), diverged)
@@ -380,6 +336,8 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
         loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
         say(f"done: steps {start}->{step}, final train loss {loss}, eval perplexity {ppl}, "
             f"{duration(time.perf_counter() - t_start)}")
+    say(goodput_summary(goodput))  # the run's time, by bucket (train/goodput.py)
+    if diverged is None:
         say(f"checkpoints: {summary.checkpoint_dir}")
         say(f"metrics: {summary.metrics_file} (TensorBoard: {r.workdir / 'tensorboard'})")
     return summary

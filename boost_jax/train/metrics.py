@@ -67,6 +67,9 @@ class MetricsWriter:
                          "run moved to %s", start_step, len(moved), side.name)
 
     def write(self, step: int, values: dict, prefix: str = "train") -> None:
+        """A line ``{"step": step, **values}``, and each finite number as the TensorBoard
+        scalar ``<prefix>/<key>`` (``<key>`` for ``prefix=""``: keys that carry their own
+        group, like ``goodput/step``)."""
         if not self.enabled:
             return
         self.file.write(json.dumps({"step": step, **values}) + "\n")
@@ -74,7 +77,7 @@ class MetricsWriter:
         if self.tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
-                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+                    self.tb.add_scalar(f"{prefix}/{k}" if prefix else k, v, step)
 
     def write_text(self, step: int, key: str, texts: list[str], prefix: str = "train") -> None:
         """A line ``{"step": step, key: texts}`` (e.g. ``samples``) and TensorBoard text
