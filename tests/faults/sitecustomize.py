@@ -7,7 +7,11 @@
   checkpoint ``<step>``: ``meta`` -- arrays written, metadata not; ``commit`` -- everything
   written, the temporary directory not yet renamed;
 - ``BOOST_JAX_FAULT_HANG=<marker file>``: every checkpoint save hangs (as a collective waiting
-  for a dead process would), after creating the marker file.
+  for a dead process would), after creating the marker file;
+- ``BOOST_JAX_FAULT_STEP_HANG=<step>``: dispatching train step ``<step>`` hangs (in
+  ``_hung_step``), as a step whose collective waits for a dead peer would;
+- ``BOOST_JAX_FAULT_SLOW=<seconds>``: compiling the train step and the first checkpoint save
+  each take ``<seconds>`` longer.
 
 Nothing here is imported by boost_jax itself.
 """
@@ -17,6 +21,8 @@ import os
 _UNREADABLE = os.environ.get("BOOST_JAX_FAULT_UNREADABLE")
 _KILL = os.environ.get("BOOST_JAX_FAULT_KILL")
 _HANG = os.environ.get("BOOST_JAX_FAULT_HANG")
+_STEP_HANG = os.environ.get("BOOST_JAX_FAULT_STEP_HANG")
+_SLOW = os.environ.get("BOOST_JAX_FAULT_SLOW")
 
 if _HANG:
     import time
@@ -82,3 +88,40 @@ if _UNREADABLE or _KILL:
                 return await _finalize(self, *args, **kwargs)
 
             atomicity.AtomicRenameTemporaryPath.finalize = finalize
+
+if _STEP_HANG or _SLOW:
+    import time
+
+    from boost_jax.train import checkpoint, step
+
+    _compile = step.compile_train_step
+
+    def _hung_step():
+        while True:
+            time.sleep(3600)
+
+    def compile_train_step(*args, **kwargs):
+        if _SLOW:
+            time.sleep(float(_SLOW))
+        fn, calls = _compile(*args, **kwargs), [0]
+
+        def stepped(*a, **k):
+            calls[0] += 1
+            if _STEP_HANG and calls[0] == int(_STEP_HANG):
+                _hung_step()
+            return fn(*a, **k)
+
+        return stepped
+
+    step.compile_train_step = compile_train_step  # before train/loop.py imports it
+
+    if _SLOW:
+        _save, _saves = checkpoint.Checkpointer.save, [0]
+
+        def slow_save(self, *args, **kwargs):
+            _saves[0] += 1
+            if _saves[0] == 1:
+                time.sleep(float(_SLOW))
+            return _save(self, *args, **kwargs)
+
+        checkpoint.Checkpointer.save = slow_save
