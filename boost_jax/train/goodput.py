@@ -15,6 +15,10 @@ Seven buckets of seconds, which together are the wall time:
   process trained after the checkpoint this one resumed from, which this one trains again;
 - ``other``: the rest (building the mesh, model and data pipeline, initialising, logging).
 
+A goodput record in ``metrics.jsonl`` (and TensorBoard) holds each bucket's seconds and share
+of the wall time; one is written every ``Train.log_every`` steps, at the end of a run, and when
+a resumed process starts training (so that what it inherited outlives it).
+
 The count is cumulative over the run's history: a resumed process starts from the last
 goodput record of ``metrics.jsonl`` (written by the process before it) and moves the time of
 the steps it recomputes from ``step`` and ``data`` to ``lost`` (:func:`carried`). The time a

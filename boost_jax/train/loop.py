@@ -185,7 +185,8 @@ class _Run:
         if self.evals:
             say(f"evaluating {len(self.evals)} batch(es) of the eval split: {self.eval_split}")
         flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
-        self.writer.write(start, self.goodput.record(), prefix="")
+        if start:  # the time inherited, kept should this process die before its next record
+            self.writer.write(start, self.goodput.record(), prefix="")
         self.report = _Reporter(self.writer, t, tokens, flops,
                                 peak_flops(kind, t.dtype, t.peak_tflops), self.goodput,
                                 self.watchdog)

@@ -13,8 +13,10 @@ Gin files are looked up as given, then in the repository's ``configs/`` director
 
 Exit codes: 0 done, 1 diverged or a checkpoint could not be written or read (storage errors
 that outlasted the retries), 2 bad input, including checkpoints that do not fit the config
-(one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 128 + N stopped by signal N
-(agreed across processes, after a checkpoint; or at once, without one, at a second signal).
+(one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 75 hung: no train step
+finished within ``Train.hang_timeout_s`` (every thread's stack in the workdir and the log;
+train/watchdog.py), 128 + N stopped by signal N (agreed across processes, after a checkpoint;
+or at once, without one, at a second signal).
 """
 
 from __future__ import annotations

@@ -68,13 +68,24 @@ class StepProfiler:
             return
         if not self.active:
             with pause():
-                self.dir.mkdir(parents=True, exist_ok=True)
-                jax.profiler.start_trace(str(self.dir))
-            self.active = True
-            logging.info("profiling steps %d..%d into %s", step, self.end - 1, self.dir)
+                self._start(step)
+            if not self.active:
+                yield
+                return
         self.traced.append(step)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
             yield
+
+    def _start(self, step: int) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            jax.profiler.start_trace(str(self.dir))
+        except RuntimeError as err:  # a trace of the caller's is running
+            logging.warning("no profile of steps %d..%d: %s", step, self.end - 1, err)
+            self.enabled = False
+            return
+        self.active = True
+        logging.info("profiling steps %d..%d into %s", step, self.end - 1, self.dir)
 
     def _stop(self, pending: tuple | None) -> None:
         if not self.active:

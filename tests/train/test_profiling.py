@@ -88,3 +88,17 @@ def test_operations_fields_never_stop_a_resume():
     defaults = Train()
     assert (defaults.profile_steps, defaults.profile_processes, defaults.hang_timeout_s) == (
         0, (0,), 0.0)
+
+
+def test_a_trace_already_running_is_left_alone(tiny_data, tmp_path, caplog):
+    """A caller profiling the whole run: the window is skipped with a warning, the run goes
+    on, and the caller's trace is theirs to stop."""
+    jax.profiler.start_trace(str(tmp_path / "callers"))
+    try:
+        s = run(_config(tiny_data, 3, profile_start_step=2, profile_steps=1), tmp_path / "run",
+                jax.devices()[:1])
+    finally:
+        jax.profiler.stop_trace()
+    assert s.step == 3
+    assert any("no profile of steps 2..2" in r.getMessage() for r in caplog.records)
+    assert list((tmp_path / "callers").rglob("*.xplane.pb"))
