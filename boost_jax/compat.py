@@ -211,6 +211,10 @@ ORBAX_ZARR3_BUILDER = (ORBAX_TS_UTILS, "_build_zarr3_metadata")
 #: directory written): train/integrity.py wraps it to checksum the chunks of the arrays written
 #: under a checkpoint directory of its own
 ORBAX_WRITE_SPEC_BUILDER = (ORBAX_TS_UTILS, "build_array_write_spec")
+#: the function through which orbax-checkpoint builds the TensorStore key-value store of every
+#: array it writes or reads (``build_kvstore_tspec(directory, name=None, *, use_ocdbt, ...)``):
+#: it knows local files and ``gs://`` only; train/storage.py wraps it for ``s3://``
+ORBAX_KVSTORE_BUILDER = (ORBAX_TS_UTILS, "build_kvstore_tspec")
 
 
 def orbax_version() -> str:
@@ -220,9 +224,9 @@ def orbax_version() -> str:
     return ocp.__version__
 
 
-def _orbax_private(where: tuple[str, str]):
+def _orbax_private(where: tuple[str, str], what: str = "chunk checksums cannot be installed"):
     """orbax-checkpoint's private ``module.name``, or a one-line RuntimeError naming the
-    installed orbax where it moved."""
+    installed orbax where it moved (and ``what`` that means)."""
     import importlib
 
     module, name = where
@@ -231,8 +235,8 @@ def _orbax_private(where: tuple[str, str]):
     except (ImportError, AttributeError):
         raise RuntimeError(
             f"orbax-checkpoint {orbax_version()} has no {module}.{name} (boost_jax is tested "
-            f"with orbax-checkpoint {TESTED['orbax-checkpoint'][0]}); chunk checksums cannot "
-            "be installed: install a tested orbax-checkpoint (pyproject.toml)") from None
+            f"with orbax-checkpoint {TESTED['orbax-checkpoint'][0]}); {what}: install a tested "
+            "orbax-checkpoint (pyproject.toml)") from None
 
 
 def orbax_zarr3_builder():
@@ -255,6 +259,23 @@ def set_orbax_write_spec_builder(fn) -> None:
 
     module, name = ORBAX_WRITE_SPEC_BUILDER
     orbax_write_spec_builder()  # the clear error where it moved
+    setattr(importlib.import_module(module), name, fn)
+
+
+def orbax_kvstore_builder():
+    """orbax-checkpoint's private ``build_kvstore_tspec(directory, name=None, *, use_ocdbt,
+    ...)`` (the TensorStore kvstore spec of an array's directory), or a one-line RuntimeError
+    naming the installed orbax where it moved."""
+    return _orbax_private(ORBAX_KVSTORE_BUILDER, "checkpoints on s3:// cannot be written")
+
+
+def set_orbax_kvstore_builder(fn) -> None:
+    """Make orbax-checkpoint build every array's kvstore spec with ``fn`` in this process (the
+    caller installs it once, under its own lock: train/storage.py)."""
+    import importlib
+
+    module, name = ORBAX_KVSTORE_BUILDER
+    orbax_kvstore_builder()  # the clear error where it moved
     setattr(importlib.import_module(module), name, fn)
 
 

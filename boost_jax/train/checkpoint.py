@@ -1,12 +1,15 @@
 """Orbax checkpoints: the sharded train state (Zarr v3, every chunk checksummed) and JSON
 metadata (config, data position).
 
-Layout: ``<workdir>/checkpoints/<step>/{state, meta}``. Orbax writes each step under a
-temporary name and renames it when complete, so an interrupted save never looks like a
-checkpoint; temporaries left by a killed run are removed at start. The data position of every
-process is saved in ``meta`` (train/data_state.py). Restoring onto a target with other
-shardings (another mesh) reshards on load. Whether a step is already saved is decided once for
-all processes (process 0's listing).
+Layout: ``<workdir>/checkpoints/<step>/{state, meta}``; the directory may also be an object
+store's (``s3://bucket/run``, ``gs://bucket/run``: :mod:`boost_jax.train.storage`, through
+which every file operation here goes, as orbax's own go through epath). Orbax writes each step
+under a temporary name and renames it when complete (on an object store: in place, committed
+by orbax's marker file), so an interrupted save never looks like a checkpoint; saves left
+unfinished by a killed run are removed at start. The data position of every process is saved
+in ``meta`` (train/data_state.py). Restoring onto a target with other shardings (another mesh)
+reshards on load. Whether a step is already saved is decided once for all processes (process
+0's listing).
 
 Restore tries the newest step first, in order: its metadata parses; its config fits this run
 (``check_meta``, train/resume.py); its state's tree (names, shapes, dtypes, read from orbax's
@@ -16,7 +19,9 @@ checksum intact; every value is finite and the state is of that step
 
 - **damage, proven** -- a checksum or decode failure, a file still missing after the retries,
   a non-finite value, another step's state: the checkpoint is reported in one line, moved aside
-  to ``corrupt-<step>-<time>`` (nothing is deleted) and the next older step is tried;
+  to ``corrupt-<step>-<time>`` (nothing is deleted; on an object store each object is moved,
+  the commit marker last: :func:`~boost_jax.train.storage.move_aside`) and the next older step
+  is tried;
 - **a mismatch** -- a config field that must match, or a state tree that is not this run's (an
   optimizer switched, an optax upgrade): :class:`~boost_jax.train.resume.ResumeMismatch`, one
   line naming what differs; nothing is read further, moved or written;
@@ -35,18 +40,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import shutil
+import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from boost_jax.parallel import distributed
+from boost_jax.train import storage
 from boost_jax.train.integrity import STATE_FORMAT, ChunkChecksums, verify
 from boost_jax.train.read_failures import Failure, classify, one_line, os_error
 from boost_jax.train.resume import ResumeMismatch
@@ -122,10 +128,13 @@ class _LateCallbacksDropped:
 class Checkpointer:
     """Save / restore ``(state, meta)``; keeps the newest ``keep`` steps."""
 
-    def __init__(self, directory: str | Path, keep: int, asynchronous: bool = True):
-        self.directory = Path(directory).absolute()
+    def __init__(self, directory: str | os.PathLike, keep: int, asynchronous: bool = True):
+        """``directory``: a local path or an ``s3://`` / ``gs://`` URL
+        (:func:`~boost_jax.train.storage.checkpoint_path`; raises ConfigError for another
+        scheme or a missing package)."""
+        self.directory = storage.checkpoint_path(directory)
         self.keep, self.asynchronous = keep, asynchronous
-        self.quarantined: list[Path] = []  # moved aside by this process's restore
+        self.quarantined: list[epath.Path] = []  # moved aside by this process's restore
         self._bytes = 0
         self._checksums = ChunkChecksums(self.directory)  # the arrays written under it
         if jax.process_index() == 0:
@@ -133,8 +142,9 @@ class Checkpointer:
         self._open()
 
     def _open(self) -> None:
-        options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True,
-                                               enable_async_checkpointing=self.asynchronous)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self.keep, create=True, enable_async_checkpointing=self.asynchronous,
+            atomicity_options=storage.atomicity(self.directory))
         handlers = {"state": ocp.PyTreeCheckpointHandler(use_zarr3=True),
                     "meta": ocp.JsonCheckpointHandler()}
         self.mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers,
@@ -142,9 +152,9 @@ class Checkpointer:
 
     def _remove_temporaries(self) -> None:
         """Saves that never completed (a run killed while writing) were never checkpoints."""
-        stale = sorted(self.directory.glob(f"*{TMP_MARK}*")) if self.directory.exists() else []
+        stale = storage.unfinished_saves(self.directory, TMP_MARK)
         for path in stale:
-            shutil.rmtree(path, ignore_errors=True)
+            storage.remove(path)
         if stale:
             logging.info("removed %d unfinished checkpoint save(s) of an earlier run: %s",
                          len(stale), ", ".join(p.name for p in stale))
@@ -175,7 +185,7 @@ class Checkpointer:
         if os_err is None:
             return err
         where = os_err.filename or self.directory
-        free = shutil.disk_usage(self.directory).free if self.directory.exists() else None
+        free = storage.free_bytes(self.directory)
         need = f"; a checkpoint takes about {self._bytes / 2**20:,.0f} MiB" if self._bytes else ""
         have = f", {free / 2**20:,.0f} MiB are free there" if free is not None else ""
         return CheckpointWriteError(
@@ -288,13 +298,13 @@ class Checkpointer:
         if jax.process_index() == 0:
             src = self.directory / str(step)
             if src.exists():
-                src.rename(dest)
+                storage.move_aside(src, dest)
         distributed.barrier(f"quarantine checkpoint {step}")
         self.quarantined.append(dest)
         self.mngr.reload()
 
 
-def _restore_item(handler, path: Path, args) -> object:
+def _restore_item(handler, path: epath.Path, args) -> object:
     """One item read with its own handler (no barrier inside, so a process whose read fails
     reaches the agreement like the others); its pending reads finish before it is dropped."""
     try:
@@ -303,7 +313,7 @@ def _restore_item(handler, path: Path, args) -> object:
         handler.close()
 
 
-def _tree_metadata(path: Path) -> dict:
+def _tree_metadata(path: epath.Path) -> dict:
     """``{array name: (shape, dtype)}`` of a saved state, from orbax's tree metadata (no
     array is read)."""
     tree = ocp.StandardCheckpointHandler().metadata(path).tree

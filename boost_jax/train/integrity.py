@@ -37,13 +37,14 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 
 from boost_jax import compat
+from boost_jax.train import storage
 
 STATE_FORMAT = "zarr3+zstd-checksum"  # recorded in a checkpoint's meta; absent: written without
 
@@ -73,15 +74,17 @@ def _spec_metadata(spec: dict) -> dict:
 
 _LOCK = threading.Lock()
 #: claimed checkpoint directory -> (its :class:`ChunkChecksums`, whether its save checksums)
-_CLAIMED: dict[Path, tuple[ChunkChecksums, bool]] = {}
+_CLAIMED: dict[epath.Path, tuple[ChunkChecksums, bool]] = {}
 _OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("boost_jax_chunk_checksums_off",
                                                            default=False)
 
 
 def _checksummed_under(directory: str | os.PathLike) -> bool:
     """Whether an array orbax writes under ``directory`` checksums its chunks: the innermost
-    claimed directory holding it says (none: no)."""
-    path = Path(str(directory))
+    claimed directory holding it says (none: no). Local or an object store's URL: orbax's
+    ``parent_dir`` is absolute, as :func:`~boost_jax.train.storage.checkpoint_path` makes a
+    claimed directory."""
+    path = epath.Path(os.fspath(directory))
     with _LOCK:
         claims = [c for c in _CLAIMED if c == path or c in path.parents]
         return bool(claims) and _CLAIMED[max(claims, key=lambda c: len(c.parts))][1]
@@ -130,9 +133,9 @@ class ChunkChecksums:
     """Chunk checksums for the arrays orbax writes under ``directory`` (one per
     :class:`~boost_jax.train.checkpoint.Checkpointer`, claimed until :meth:`release`)."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | os.PathLike):
         install_chunk_checksums()
-        self.directory = Path(directory).absolute()
+        self.directory = storage.checkpoint_path(directory)
         self.arm()
 
     def arm(self) -> bool:

@@ -5,13 +5,17 @@
   first ``<times>``;
 - ``BOOST_JAX_FAULT_KILL=<step>:<moment>``: the process kills itself (SIGKILL) while saving
   checkpoint ``<step>``: ``meta`` -- arrays written, metadata not; ``commit`` -- everything
-  written, the temporary directory not yet renamed;
+  written, the temporary directory not yet renamed (on an object store: the commit marker not
+  yet written);
 - ``BOOST_JAX_FAULT_HANG=<marker file>``: every checkpoint save hangs (as a collective waiting
   for a dead process would), after creating the marker file;
 - ``BOOST_JAX_FAULT_STEP_HANG=<step>``: dispatching train step ``<step>`` hangs (in
   ``_hung_step``), as a step whose collective waits for a dead peer would;
 - ``BOOST_JAX_FAULT_SLOW=<seconds>``: compiling the train step and the first checkpoint save
-  each take ``<seconds>`` longer.
+  each take ``<seconds>`` longer;
+- ``BOOST_JAX_TEST_CHECKPOINTS=<url>``: the trainer's checkpoints go to ``<url>`` (e.g.
+  ``s3://bucket/run``) instead of ``<workdir>/checkpoints`` (not a fault: the trainer has no
+  option for it yet).
 
 Nothing here is imported by boost_jax itself.
 """
@@ -23,6 +27,17 @@ _KILL = os.environ.get("BOOST_JAX_FAULT_KILL")
 _HANG = os.environ.get("BOOST_JAX_FAULT_HANG")
 _STEP_HANG = os.environ.get("BOOST_JAX_FAULT_STEP_HANG")
 _SLOW = os.environ.get("BOOST_JAX_FAULT_SLOW")
+_CHECKPOINTS = os.environ.get("BOOST_JAX_TEST_CHECKPOINTS")
+
+if _CHECKPOINTS:
+    from boost_jax.train import checkpoint
+
+    _init = checkpoint.Checkpointer.__init__
+
+    def _elsewhere(self, directory, *args, **kwargs):
+        _init(self, _CHECKPOINTS, *args, **kwargs)
+
+    checkpoint.Checkpointer.__init__ = _elsewhere
 
 if _HANG:
     import time
@@ -80,14 +95,15 @@ if _UNREADABLE or _KILL:
 
             ocp.JsonCheckpointHandler._save_fn = save_fn
         else:
-            _finalize = atomicity.AtomicRenameTemporaryPath.finalize
+            def _killing(finalize):
+                async def killing_finalize(self, *args, **kwargs):
+                    if Path(str(self.get_final())).name == _kstep:
+                        _die()
+                    return await finalize(self, *args, **kwargs)
+                return killing_finalize
 
-            async def finalize(self, *args, **kwargs):
-                if Path(str(self.get_final())).name == _kstep:
-                    _die()
-                return await _finalize(self, *args, **kwargs)
-
-            atomicity.AtomicRenameTemporaryPath.finalize = finalize
+            for _cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+                _cls.finalize = _killing(_cls.finalize)
 
 if _STEP_HANG or _SLOW:
     import time
