@@ -145,8 +145,8 @@ class Watchdog:
         how = (f"Train.hang_timeout_s={self.setting:g}" if self.setting else
                f"Train.hang_timeout_s=0: max({HANG_FLOOR_S:g} s, {HANG_FACTOR:g} x the median "
                "step time)")
-        what = (f"no train step finished in {waited:.0f} s after step {self.step} (limit "
-                f"{limit:.0f} s, {how})")
+        what = (f"no train step finished in the {limit:.4g} s after step {self.step} ({how}; "
+                f"waited {waited:.1f} s)")
         path = self.workdir / f"hang-step{self.step}-process{self.process}.txt"
         try:
             with path.open("a") as f:
