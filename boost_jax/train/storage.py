@@ -32,6 +32,7 @@ import functools
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import shutil
 import threading
@@ -48,6 +49,7 @@ OBJECT_STORES: dict[str, tuple[tuple[str, str], ...]] = {
     "s3": (("s3fs", "s3fs"),),
     "gs": (("gcsfs", "gcsfs"), ("google.cloud.storage", "google-cloud-storage")),
 }
+EXTRAS = {"s3": "s3", "gs": "gcs"}  #: the extra of pyproject.toml that installs them
 COMMIT_MARKER = ocp.path.atomicity_types.COMMIT_SUCCESS_FILE  # orbax's "commit_success.txt"
 STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's record of a step's save (its timestamps)
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -80,18 +82,19 @@ def checkpoint_path(directory: str | os.PathLike) -> epath.Path:
     """``directory`` as the checkpoint code addresses it: a local path made absolute (orbax
     takes absolute paths only), an ``s3://`` or ``gs://`` URL as it is (trailing slashes
     dropped). Raises :class:`ConfigError` (one line) for another scheme or a missing package
-    (``pip install 'boost_jax[cloud]'``); on ``s3://`` installs :func:`install_s3_kvstore`."""
+    (``pip install 'boost_jax[s3]'``, ``[gcs]``, ``[cloud]``: both); on ``s3://`` installs
+    :func:`install_s3_kvstore`."""
     text = os.fspath(directory)
     url_scheme = scheme(text)
     if url_scheme is None:
-        return epath.Path(os.path.abspath(text))
+        return epath.Path(pathlib.Path(text).absolute())  # as before: ".." kept
     if url_scheme not in OBJECT_STORES:
         raise ConfigError(f"checkpoints at {text}: {url_scheme}:// is not supported (local "
                           f"paths, {', '.join(f'{s}://' for s in OBJECT_STORES)})")
     missing = missing_packages(url_scheme)
     if missing:
         raise ConfigError(f"checkpoints at {text} need {', '.join(missing)}: pip install "
-                          "'boost_jax[cloud]'")
+                          f"'boost_jax[{EXTRAS[url_scheme]}]'")
     if url_scheme == "s3":
         install_s3_kvstore()
     return epath.Path(text.rstrip("/"))
