@@ -154,13 +154,14 @@ class Watchdog:
                         f"{what}\n")
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
-            where = f"every thread's stack in {path}"
+            where = f"the stacks of all threads are in {path}"
         except OSError as err:
-            where, path = f"the stack file {path} could not be written ({err})", None
+            where = f"{path} could not be written ({err}); the stacks of all threads are"
+            path = None
         os.write(sys.stderr.fileno(), (
             f"{PROG}: error: {what}: the run looks hung; {where} and in the log; exiting "
             f"with code {EXIT_HANG} so that the scheduler restarts it\n").encode())
-        logging.error("hang watchdog, process %d: every thread's stack:\n%s", self.process,
+        logging.error("hang watchdog, process %d: the stacks of all threads:\n%s", self.process,
                       thread_stacks())
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

@@ -100,6 +100,6 @@ def test_a_hung_step_dumps_the_stacks_and_exits_75(tiny_data, tmp_path):
     assert line.startswith(f"boost_jax.train: error: no train step finished in the {limit} s "
                            f"after step 6 (Train.hang_timeout_s={limit}; waited ")
     assert line.endswith(f"exiting with code {EXIT_HANG} so that the scheduler restarts it")
-    assert "every thread's stack" in out.stderr and "_hung_step" in out.stderr
+    assert "the stacks of all threads:" in out.stderr and "_hung_step" in out.stderr
     assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == [
         "2", "4", "6"]
