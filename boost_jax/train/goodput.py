@@ -13,7 +13,8 @@ Seven buckets of seconds, which together are the wall time:
 - ``eval``: held-out evaluations and logged samples (their first compilation included);
 - ``lost``: time lost to restarts -- the recorded ``step_time`` of the steps an earlier
   process trained after the checkpoint this one resumed from, which this one trains again;
-- ``other``: the rest (building the mesh, model and data pipeline, initialising, logging).
+- ``other``: the rest (building the mesh, model and data pipeline, initialising, logging,
+  starting and stopping a profile).
 
 A goodput record in ``metrics.jsonl`` (and TensorBoard) holds each bucket's seconds and share
 of the wall time; one is written every ``Train.log_every`` steps, at the end of a run, and when

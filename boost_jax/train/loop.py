@@ -167,11 +167,11 @@ class _Run:
         return init_state(model, opt, self.t.seed), 0
 
     def compile(self, start: int) -> None:
-        """Compile the steps; open the metrics (from ``start``)."""
+        """Compile the steps; open the metrics (from ``start``), taking over the goodput
+        account of the run's history (train/goodput.py)."""
         t, mesh = self.t, self.model.mesh
-        if self.lead:
+        if self.lead:  # (the time of the processes before, read before the rewind)
             _write_config(self.workdir, self.config)
-        if self.lead:  # the time of the processes before, before the rewind moves it aside
             self.goodput.resume(read_history(self.workdir / "metrics.jsonl"), start)
         self.writer = MetricsWriter(self.workdir, start, enabled=self.lead)
         tokens = t.batch_size * t.seq_len
