@@ -16,7 +16,8 @@ What an object store needs (the ``cloud`` extra, pyproject.toml):
   pyproject.toml) to give TensorStore's own ``s3`` driver, with the endpoint of
   ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (the AWS SDK's variables, which s3fs reads
   and TensorStore does not) and the region of ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` when set;
-  credentials come from TensorStore's and botocore's default chains.
+  credentials from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``)
+  when set, else from TensorStore's and botocore's default chains (profiles, instance roles).
 - **commits by a marker**: a rename there is a copy of every object, not atomic, so a save is
   written in place and committed by orbax's ``commit_success.txt`` (orbax's ``COMMIT_FILE``
   atomicity, what it does for ``gs://`` by default); a step without it is not a checkpoint.
@@ -192,6 +193,8 @@ def _s3_spec(gcs: dict) -> dict:
         spec["endpoint"] = endpoint
     if region:
         spec["aws_region"] = region
+    if os.environ.get("AWS_ACCESS_KEY_ID"):  # else TensorStore's default chain, which logs
+        spec["aws_credentials"] = {"type": "environment"}  # 5 lines for each missing ~/.aws file
     return spec
 
 

@@ -83,6 +83,7 @@ def test_orbax_kvstore_builder_gives_s3_for_s3_urls(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3-only:2")
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     spec = build("s3://bkt/run/4/state", use_ocdbt=True)
     assert spec["driver"] == "ocdbt"
     assert spec["base"] == {"driver": "s3", "bucket": "bkt", "path": "run/4/state",
@@ -93,6 +94,8 @@ def test_orbax_kvstore_builder_gives_s3_for_s3_urls(monkeypatch):
     gcs = build.unwrapped("gs://bkt/run/4/state", use_ocdbt=True)
     assert gcs["base"]["driver"] in ("gcs", "gcs_grpc") and gcs["base"]["bucket"] == "bkt"
     assert storage.as_s3(gcs) == spec
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")  # then from the environment, not ~/.aws
+    assert build("s3://bkt/x", use_ocdbt=False)["aws_credentials"] == {"type": "environment"}
     for local in ("/ckpt/4/state", "gs://bkt/run/4/state"):
         assert build(local, use_ocdbt=True) == build.unwrapped(local, use_ocdbt=True)
 
