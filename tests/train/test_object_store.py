@@ -1,12 +1,13 @@
-"""Checkpoints on an object store, end to end, against a local S3 emulator this module starts
-(moto's server mode): saved and listed in the bucket (nothing on the local disk), chunk
-checksums on, a damaged chunk object quarantined with every object moved, a save killed before
-its commit removed, and a trainer killed with SIGKILL that resumes exactly.
+"""Checkpoints on an object store, end to end, against local emulators this module starts
+(moto's S3 server; gcp-storage-emulator for GCS): saved and listed in the bucket (nothing on
+the local disk), chunk checksums on, a damaged chunk object quarantined with every object
+moved, a save killed before its commit removed, and a trainer killed with SIGKILL that resumes
+exactly.
 
-Needs the ``cloud`` extra and moto (``pip install 'boost_jax[cloud]' 'moto[server]'``);
-skipped with that reason otherwise. Only the checkpoint code's public API is used here, so that
-the same tests run against an older checkpoint code (which made ``s3://...`` a local
-directory) and fail there."""
+Each scheme needs its extra and its emulator (``pip install 'boost_jax[s3]' 'moto[server]'``,
+``pip install 'boost_jax[gcs]' gcp-storage-emulator``) and is skipped with that reason
+otherwise. Only the checkpoint code's public API is used here, so that the same tests run
+against an older checkpoint code (which made ``s3://...`` a local directory) and fail there."""
 
 from __future__ import annotations
 
@@ -27,21 +28,33 @@ from boost_jax.train.checkpoint import Checkpointer
 from tests.train.test_cli import FAULTS, _cmd, _env, _tiny_gin
 from tests.train.test_trainer import _losses
 
-NEEDS = ("s3fs", "moto", "boto3")
 MARKER = "commit_success.txt"  # orbax's commit marker of a step saved in place
+#: scheme -> what its emulator and the code need (import names), and how to install them
+NEEDS = {"s3": (("s3fs", "moto", "boto3"), "pip install 'boost_jax[s3]' 'moto[server]'"),
+         "gs": (("gcsfs", "google.cloud.storage", "gcp_storage_emulator"),
+                "pip install 'boost_jax[gcs]' gcp-storage-emulator")}
+
+#: why the trainer's run is not tested on gs:// (the checkpointer's tests are)
+GCS_EMULATOR_GAP = (
+    "gcp-storage-emulator sends no x-goog-generation header with a media download, so "
+    "TensorStore's gcs driver takes generation 0 and its revalidating re-read of an OCDBT "
+    "manifest (the trainer's saves) fails 'Malformed StorageGeneration'; GCS sends the header")
 
 
 class _Bucket:
-    """A bucket of the emulator, read and damaged with boto3 (not through the code tested)."""
+    """A bucket of an emulator, listed and damaged through the store's own client (boto3,
+    google-cloud-storage), not through the code tested."""
 
-    def __init__(self, client, name: str):
-        self.client, self.name = client, name
-        client.create_bucket(Bucket=name)
+    def __init__(self, emulator: _Emulator, name: str):
+        self.emulator, self.name = emulator, name
+        self.url = f"{emulator.scheme}://{name}"
+        emulator.create(name)
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        return self.emulator.sizes(self.name, prefix)
 
     def keys(self, prefix: str = "") -> list[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.name,
-                                                                       Prefix=prefix)
-        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+        return sorted(self.sizes(prefix))
 
     def committed(self, prefix: str) -> list[int]:
         """The steps under ``prefix`` with orbax's commit marker."""
@@ -53,61 +66,127 @@ class _Bucket:
     def rot(self, prefix: str, nbytes: int = 4096) -> str:
         """Random bytes written inside the largest object under ``prefix`` (its size
         unchanged, as tests/train/test_checkpoint.py's ``_rot`` does on a disk); its key."""
-        sizes = {o["Key"]: o["Size"] for page in self.client.get_paginator(
-            "list_objects_v2").paginate(Bucket=self.name, Prefix=prefix)
-            for o in page.get("Contents", [])}
+        sizes = self.sizes(prefix)
         key = max(sizes, key=sizes.get)
-        data = bytearray(self.client.get_object(Bucket=self.name, Key=key)["Body"].read())
+        data = bytearray(self.emulator.read(self.name, key))
         start = len(data) // 3
         n = min(nbytes, len(data) - start)
         data[start:start + n] = np.random.default_rng(0).integers(0, 256, n,
                                                                   dtype=np.uint8).tobytes()
-        self.client.put_object(Bucket=self.name, Key=key, Body=bytes(data))
+        self.emulator.write(self.name, key, bytes(data))
         return key
 
 
 class _Emulator:
-    def __init__(self, endpoint: str, env: dict[str, str]):
-        import boto3
+    """A local object-store server (moto's S3, or gcp-storage-emulator's GCS) and the
+    environment that points every client at it."""
 
-        self.endpoint, self.env = endpoint, env
-        self.client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    def __init__(self, scheme: str, endpoint: str, env: dict[str, str]):
+        self.scheme, self.endpoint, self.env = scheme, endpoint, env
+        if scheme == "s3":
+            import boto3
+
+            self.s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                                    aws_access_key_id="testing", aws_secret_access_key="testing")
+        else:
+            from google.auth.credentials import AnonymousCredentials
+            from google.cloud import storage
+
+            self.gcs = storage.Client(project="test", credentials=AnonymousCredentials(),
+                                      client_options={"api_endpoint": endpoint})
 
     def bucket(self, name: str) -> _Bucket:
-        return _Bucket(self.client, name)
+        return _Bucket(self, name)
+
+    def create(self, bucket: str) -> None:
+        if self.scheme == "s3":
+            self.s3.create_bucket(Bucket=bucket)
+        else:
+            self.gcs.create_bucket(bucket)
+
+    def sizes(self, bucket: str, prefix: str) -> dict[str, int]:
+        if self.scheme == "gs":
+            return {b.name: b.size for b in self.gcs.list_blobs(bucket, prefix=prefix)}
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+    def read(self, bucket: str, key: str) -> bytes:
+        if self.scheme == "gs":
+            return self.gcs.bucket(bucket).blob(key).download_as_bytes()
+        return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def write(self, bucket: str, key: str, data: bytes) -> None:
+        if self.scheme == "gs":
+            self.gcs.bucket(bucket).blob(key).upload_from_string(data)
+        else:
+            self.s3.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def kvstore(self, bucket: str, prefix: str) -> dict:
+        """TensorStore's kvstore of ``prefix`` in ``bucket`` (to read what orbax wrote)."""
+        if self.scheme == "gs":  # the endpoint: TENSORSTORE_GCS_HTTP_URL
+            return {"driver": "gcs", "bucket": bucket, "path": prefix}
+        return {"driver": "s3", "bucket": bucket, "path": prefix, "endpoint": self.endpoint,
+                "aws_region": "us-east-1"}
 
 
-@pytest.fixture(scope="module")
-def s3():
-    """moto's S3 server on a free local port, and this process's environment pointing at it
-    (fake credentials; the endpoint through ``AWS_ENDPOINT_URL``, which s3fs reads and
-    boost_jax hands to TensorStore's s3 driver), for this module only."""
-    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"checkpoints on s3:// need {', '.join(missing)}: pip install "
-                    "'boost_jax[cloud]' 'moto[server]'")
-    from moto.server import ThreadedMotoServer
-
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        return sock.getsockname()[1]
+
+
+def _start(scheme: str) -> tuple[object, str, dict[str, str]]:
+    """The emulator of ``scheme`` serving on a free local port: ``(server, endpoint, the
+    environment that points the clients at it, with fake credentials)``."""
+    port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true"}
+    if scheme == "s3":  # s3fs reads AWS_ENDPOINT_URL; boost_jax hands it to TensorStore
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_EC2_METADATA_DISABLED": "true"}
+    else:  # gcsfs and google-cloud-storage read STORAGE_EMULATOR_HOST, TensorStore its own
+        from gcp_storage_emulator.server import create_server
+
+        server = create_server("127.0.0.1", port, in_memory=True)
+        env = {"STORAGE_EMULATOR_HOST": endpoint, "TENSORSTORE_GCS_HTTP_URL": endpoint,
+               "GOOGLE_AUTH_TOKEN_FOR_TESTING": "testing", "GOOGLE_CLOUD_PROJECT": "test"}
+    server.start()
+    for name in ("werkzeug", "gcp_storage_emulator", "gcsfs"):  # a line per request otherwise
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    return server, endpoint, env
+
+
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def store(request):
+    """An object-store emulator on a free local port (moto's S3 server; gcp-storage-emulator
+    for GCS) and this process's environment pointing at it, for this module only; skipped,
+    saying what to install, where the packages are missing."""
+    scheme = request.param
+    modules, install = NEEDS[scheme]
+    missing = [m for m in modules if not _importable(m)]
+    if missing:
+        pytest.skip(f"checkpoints on {scheme}:// need {', '.join(missing)}: {install}")
+    server, endpoint, env = _start(scheme)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGION", "AWS_SESSION_TOKEN"):
+            for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGION",
+                         "AWS_SESSION_TOKEN"):
                 mp.delenv(name, raising=False)
             for name, value in env.items():
                 mp.setenv(name, value)
-            yield _Emulator(endpoint, env)
+            yield _Emulator(scheme, endpoint, env)
     finally:
         server.stop()
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
 
 
 def _state(step: int) -> dict:
@@ -120,34 +199,33 @@ def _target(state: dict) -> dict:
                         state)
 
 
-def _chunk_checksum_on(endpoint: str, bucket: str, state_prefix: str, array: str) -> bool:
+def _chunk_checksum_on(store: _Emulator, bucket: str, state_prefix: str, array: str) -> bool:
     """Whether the Zarr v3 array ``array`` of a state saved under ``state_prefix`` has zstd's
     chunk checksum on, read from its ``zarr.json`` in orbax's OCDBT store on the bucket."""
     import tensorstore as ts
 
-    store = ts.KvStore.open({"driver": "ocdbt", "base": {
-        "driver": "s3", "bucket": bucket, "path": state_prefix + "/", "endpoint": endpoint,
-        "aws_region": "us-east-1"}}).result()
-    meta = json.loads(store.read(f"{array}/zarr.json").result().value)
+    kvstore = ts.KvStore.open({"driver": "ocdbt", "base": store.kvstore(
+        bucket, state_prefix + "/")}).result()
+    meta = json.loads(kvstore.read(f"{array}/zarr.json").result().value)
     (zstd,) = [c for c in meta["codecs"][0]["configuration"]["codecs"] if c["name"] == "zstd"]
     return zstd.get("configuration", {}).get("checksum", False)
 
 
-def test_checkpoints_on_s3_are_verified_and_damage_is_moved_aside(s3, tmp_path, monkeypatch,
-                                                                   caplog):
+def test_checkpoints_are_verified_and_damage_is_moved_aside(store, tmp_path, monkeypatch,
+                                                             caplog):
     """Saved as objects of the bucket (nothing on the local disk), with chunk checksums; a
     chunk object damaged in the bucket: restore reports it in one line, moves every object of
     that step under ``corrupt-4-<time>/`` and restores step 2; a fresh checkpointer lists 2."""
-    monkeypatch.chdir(tmp_path)  # where a local directory named "s3:" would appear
-    bucket = s3.bucket("unit")
-    url = f"s3://{bucket.name}/run/checkpoints"
+    monkeypatch.chdir(tmp_path)  # where a local directory named "s3:" or "gs:" would appear
+    bucket = store.bucket("unit")
+    url = f"{bucket.url}/run/checkpoints"
     ckpt = Checkpointer(url, keep=3)
     for step in (2, 4):
         ckpt.save(step, _state(step), {"step": step}, wait=True)
     assert ckpt.steps() == [2, 4] and str(ckpt.directory) == url
     assert bucket.committed("run/checkpoints") == [2, 4]
     assert list(tmp_path.iterdir()) == []
-    assert _chunk_checksum_on(s3.endpoint, bucket.name, "run/checkpoints/4/state", "params.w")
+    assert _chunk_checksum_on(store, bucket.name, "run/checkpoints/4/state", "params.w")
     before = bucket.keys("run/checkpoints/4/")
     bucket.rot("run/checkpoints/4/state/")
     restored = ckpt.restore_latest(_target(_state(4)))
@@ -166,14 +244,14 @@ def test_checkpoints_on_s3_are_verified_and_damage_is_moved_aside(s3, tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_save_never_committed_on_s3_is_removed_at_start(s3, tmp_path, monkeypatch, caplog):
+def test_a_save_never_committed_is_removed_at_start(store, tmp_path, monkeypatch, caplog):
     """A save whose commit never came (its process killed before the marker: simulated by a
     commit that does nothing) is no checkpoint, and the next checkpointer removes it."""
     from orbax.checkpoint._src.path import atomicity
 
     monkeypatch.chdir(tmp_path)
-    bucket = s3.bucket("uncommitted")
-    url = f"s3://{bucket.name}/ckpt"
+    bucket = store.bucket("uncommitted")
+    url = f"{bucket.url}/ckpt"
     ckpt = Checkpointer(url, keep=3)
     ckpt.save(2, _state(2), {}, wait=True)
     real = atomicity.CommitFileTemporaryPath.finalize
@@ -197,12 +275,14 @@ def test_a_save_never_committed_on_s3_is_removed_at_start(s3, tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_a_run_on_s3_killed_resumes_exactly_and_damage_is_quarantined(s3, tiny_data, tmp_path):
-    """``python -m boost_jax.train`` with its checkpoints on ``s3://``: SIGKILL while checkpoint
-    6 is being committed, then a plain resume: the losses of an uninterrupted run (fp32), the
-    unfinished save removed. Then a chunk object of the newest checkpoint (10) is damaged in the
-    bucket: the next run moves that step aside (every object), resumes from 8 and trains steps
-    9 and 10 to the same losses again."""
+def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data, tmp_path):
+    """``python -m boost_jax.train`` with its checkpoints on the object store: SIGKILL while
+    checkpoint 6 is being committed, then a plain resume: the losses of an uninterrupted run
+    (fp32), the unfinished save removed. Then a chunk object of the newest checkpoint (10) is
+    damaged in the bucket: the next run moves that step aside (every object), resumes from 8
+    and trains steps 9 and 10 to the same losses again."""
+    if store.scheme == "gs":
+        pytest.skip(GCS_EMULATOR_GAP)
     gin = [*_tiny_gin(tiny_data), "Train.steps=10", "Train.schedule_steps=10",
            "Train.checkpoint_every=2", "Parallel.data=1", "Parallel.tensor=1",
            "Parallel.tp_plan='none'"]
@@ -210,10 +290,10 @@ def test_a_run_on_s3_killed_resumes_exactly_and_damage_is_quarantined(s3, tiny_d
     out = subprocess.run(_cmd(ref, *gin), capture_output=True, text=True, env=_env(),
                          timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    bucket = s3.bucket("train")
-    url = f"s3://{bucket.name}/run/checkpoints"
+    bucket = store.bucket("train")
+    url = f"{bucket.url}/run/checkpoints"
     work = tmp_path / "work"
-    env = dict(_env(), **s3.env, PYTHONPATH=os.pathsep.join(
+    env = dict(_env(), **store.env, PYTHONPATH=os.pathsep.join(
         [FAULTS, *filter(None, [os.environ.get("PYTHONPATH")])]), BOOST_JAX_TEST_CHECKPOINTS=url)
 
     def train(**fault: str) -> subprocess.CompletedProcess:
@@ -230,7 +310,7 @@ def test_a_run_on_s3_killed_resumes_exactly_and_damage_is_quarantined(s3, tiny_d
     assert f"resumed from {url}/4 at step 4" in out.stdout
     assert bucket.committed("run/checkpoints") == [6, 8, 10]
     assert _losses(work) == _losses(ref)
-    assert not (work / "checkpoints").exists() and not list(tmp_path.glob("s3*"))
+    assert not (work / "checkpoints").exists() and not list(tmp_path.glob(f"{store.scheme}*"))
 
     before = bucket.keys("run/checkpoints/10/")
     bucket.rot("run/checkpoints/10/state/")

@@ -16,8 +16,6 @@ from boost_jax import compat
 from boost_jax.errors import ConfigError
 from boost_jax.train import storage
 
-HAS_S3FS = importlib.util.find_spec("s3fs") is not None
-
 
 def test_a_local_directory_is_made_absolute_as_before(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -29,11 +27,16 @@ def test_a_local_directory_is_made_absolute_as_before(tmp_path, monkeypatch):
     assert not storage.on_object_store(tmp_path) and storage.scheme("/a/s3://b") is None
 
 
-@pytest.mark.skipif(not HAS_S3FS, reason="needs s3fs: pip install 'boost_jax[s3]'")
-def test_an_s3_url_stays_a_url():
-    path = storage.checkpoint_path("s3://bucket/run/checkpoints/")
-    assert os.fspath(path) == str(path) == "s3://bucket/run/checkpoints"
-    assert str(path / "4") == "s3://bucket/run/checkpoints/4" and (path / "4").name == "4"
+@pytest.mark.parametrize("url_scheme", ["s3", "gs"])
+def test_an_object_store_url_stays_a_url(url_scheme):
+    missing = storage.missing_packages(url_scheme)
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install "
+                    f"'boost_jax[{storage.EXTRAS[url_scheme]}]'")
+    path = storage.checkpoint_path(f"{url_scheme}://bucket/run/checkpoints/")
+    url = f"{url_scheme}://bucket/run/checkpoints"
+    assert os.fspath(path) == str(path) == url and storage.on_object_store(path)
+    assert str(path / "4") == f"{url}/4" and (path / "4").name == "4"
     assert storage.checkpoint_path(path) == path
     options = storage.atomicity(path)
     assert options.mode == ocp.options.AtomicityMode.COMMIT_FILE  # committed by a marker
