@@ -103,7 +103,7 @@ class _Run:
     sample, checkpoint, finish."""
 
     def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool,
-                 goodput: Goodput):
+                 goodput: Goodput, checkpoint_dir: str | None = None):
         t = config.train
         check_sample_size(config.model, t)  # before anything is built or compiled
         self.config, self.workdir, self.t = config, workdir, t
@@ -127,7 +127,8 @@ class _Run:
         self.sampler = Sampler(t, dataset.path) if t.sample_every else None
         if self.lead:
             workdir.mkdir(parents=True, exist_ok=True)
-        self.ckpt = Checkpointer(workdir / "checkpoints", t.keep_checkpoints, checkpoint_async)
+        self.ckpt = Checkpointer(checkpoint_dir or workdir / "checkpoints", t.keep_checkpoints,
+                                 checkpoint_async)
         self.meta = {"config": config.to_dict(), "process_count": jax.process_count(),
                      "worker_count": config.data.worker_count}  # + "data_state" at each save
 
@@ -295,8 +296,13 @@ def _nothing_to_do(r: _Run, step: int) -> Summary:
 
 
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
-        checkpoint_async: bool = True, fresh_start: bool = False) -> Summary:
+        checkpoint_async: bool = True, fresh_start: bool = False,
+        checkpoint_dir: str | None = None) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
+
+    ``checkpoint_dir``: where the checkpoints go (default ``<workdir>/checkpoints``): a local
+    directory or an object store's URL (``s3://bucket/run``, ``gs://bucket/run``;
+    train/storage.py).
 
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
     (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
@@ -304,7 +310,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     t_start, workdir = time.perf_counter(), Path(workdir).absolute()
     _check_writable(workdir)
     with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
-        r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start))
+        r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir)
         state, start = r.restore(fresh_start)
         if start >= config.train.steps:
             return _nothing_to_do(r, start)

@@ -13,9 +13,6 @@
   ``_hung_step``), as a step whose collective waits for a dead peer would;
 - ``BOOST_JAX_FAULT_SLOW=<seconds>``: compiling the train step and the first checkpoint save
   each take ``<seconds>`` longer;
-- ``BOOST_JAX_TEST_CHECKPOINTS=<url>``: the trainer's checkpoints go to ``<url>`` (e.g.
-  ``s3://bucket/run``) instead of ``<workdir>/checkpoints`` (not a fault: the trainer has no
-  option for it yet).
 
 Nothing here is imported by boost_jax itself.
 """
@@ -27,17 +24,6 @@ _KILL = os.environ.get("BOOST_JAX_FAULT_KILL")
 _HANG = os.environ.get("BOOST_JAX_FAULT_HANG")
 _STEP_HANG = os.environ.get("BOOST_JAX_FAULT_STEP_HANG")
 _SLOW = os.environ.get("BOOST_JAX_FAULT_SLOW")
-_CHECKPOINTS = os.environ.get("BOOST_JAX_TEST_CHECKPOINTS")
-
-if _CHECKPOINTS:
-    from boost_jax.train import checkpoint
-
-    _init = checkpoint.Checkpointer.__init__
-
-    def _elsewhere(self, directory, *args, **kwargs):
-        _init(self, _CHECKPOINTS, *args, **kwargs)
-
-    checkpoint.Checkpointer.__init__ = _elsewhere
 
 if _HANG:
     import time

@@ -303,10 +303,11 @@ def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data
     url = f"{bucket.url}/run/checkpoints"
     work = tmp_path / "work"
     env = dict(_env(), **store.env, PYTHONPATH=os.pathsep.join(
-        [FAULTS, *filter(None, [os.environ.get("PYTHONPATH")])]), BOOST_JAX_TEST_CHECKPOINTS=url)
+        [FAULTS, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
     def train(**fault: str) -> subprocess.CompletedProcess:
-        return subprocess.run(_cmd(work, *gin), capture_output=True, text=True,
+        return subprocess.run([*_cmd(work, *gin), f"--checkpoint_dir={url}"],
+                              capture_output=True, text=True,
                               env=dict(env, **fault), timeout=600, cwd=tmp_path)
 
     out = train(BOOST_JAX_FAULT_KILL="6:commit")
