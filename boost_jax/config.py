@@ -214,6 +214,13 @@ class Train:
                                           "run dumps its threads' stacks and exits with code "
                                           "75 (0: max(600, 20 x median step time); None: "
                                           "never)", FREE)
+    wandb: bool = _field(False, "also log to Weights & Biases (the config, every "
+                         "metrics.jsonl record, the samples; run under <workdir>/wandb, "
+                         "resumed by the id in <workdir>/wandb_run_id); needs "
+                         "pip install 'boost_jax[wandb]'", FREE)
+    wandb_project: str = _field("boost_jax", "Train.wandb: the W&B project", FREE)
+    wandb_name: str | None = _field(None, "Train.wandb: the W&B run's name (None: the "
+                                    "workdir's name)", FREE)
 
     def __post_init__(self):
         _check_types(self)
@@ -239,6 +246,8 @@ class Train:
                    f"Train.{name}={value!r} must be a positive integer")
         _check(self.dtype in DTYPES, f"Train.dtype={self.dtype!r} is not one of {DTYPES}")
         self._check_operations()
+        _check(bool(self.wandb_project.strip()),
+               f"Train.wandb_project={self.wandb_project!r} must be a non-empty string")
         if self.warmup_steps is None:
             _set(self, warmup_steps=self.horizon // 10)
         _check(0 <= self.warmup_steps < self.horizon,

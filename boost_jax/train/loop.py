@@ -65,6 +65,7 @@ from boost_jax.train.step import (
     stop_flags,
     to_checkpoint_layout,
 )
+from boost_jax.train.wandb_logger import WandbRun, check_available
 from boost_jax.train.watchdog import Watchdog
 
 
@@ -106,6 +107,7 @@ class _Run:
                  goodput: Goodput, checkpoint_dir: str | None = None):
         t = config.train
         check_sample_size(config.model, t)  # before anything is built or compiled
+        check_available(t.wandb)
         self.config, self.workdir, self.t = config, workdir, t
         mesh = make_mesh(config.parallel, devices)
         dataset = open_dataset_on_all(config.data)
@@ -174,7 +176,9 @@ class _Run:
         if self.lead:  # (the time of the processes before, read before the rewind)
             _write_config(self.workdir, self.config)
             self.goodput.resume(read_history(self.workdir / "metrics.jsonl"), start)
-        self.writer = MetricsWriter(self.workdir, start, enabled=self.lead)
+        wandb = (WandbRun(self.workdir, self.config.to_dict(), t.wandb_project, t.wandb_name)
+                 if self.lead and t.wandb else None)
+        self.writer = MetricsWriter(self.workdir, start, enabled=self.lead, wandb=wandb)
         tokens = t.batch_size * t.seq_len
         kind = mesh.devices.flat[0].device_kind
         with self.goodput.timed("compile"), compiling("the train step"):

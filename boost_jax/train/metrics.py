@@ -1,5 +1,6 @@
 """Metrics: ``metrics.jsonl`` (full precision, one line per step, per eval and per set of
-logged samples), TensorBoard event files, and the progress line. Only process 0 writes."""
+logged samples), TensorBoard event files, the W&B run (``Train.wandb``;
+train/wandb_logger.py), and the progress line. Only process 0 writes."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from absl import logging
+
+if TYPE_CHECKING:
+    from boost_jax.train.wandb_logger import WandbRun
 
 
 class MetricsWriter:
@@ -19,12 +24,16 @@ class MetricsWriter:
     write cut off by a kill) are first moved to ``metrics.rewound-<start_step>.jsonl``; the
     live file is then replaced atomically by the entries it keeps, so it holds each step once
     and nothing is deleted. TensorBoard is told to purge the events after ``start_step``.
+
+    ``wandb``: a W&B run that gets every record and text too, finished by :meth:`close`.
     """
 
-    def __init__(self, workdir: str | Path, start_step: int, enabled: bool = True):
+    def __init__(self, workdir: str | Path, start_step: int, enabled: bool = True,
+                 wandb: WandbRun | None = None):
         self.enabled = enabled
         self.path = Path(workdir) / "metrics.jsonl"
         self.tb = None
+        self.wandb = wandb if enabled else None
         if not enabled:
             return
         if self.path.exists():
@@ -78,6 +87,8 @@ class MetricsWriter:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                     self.tb.add_scalar(f"{prefix}/{k}" if prefix else k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(step, values, prefix)
 
     def write_text(self, step: int, key: str, texts: list[str], prefix: str = "train") -> None:
         """A line ``{"step": step, key: texts}`` (e.g. ``samples``) and TensorBoard text
@@ -89,12 +100,16 @@ class MetricsWriter:
         if self.tb is not None:
             for i, text in enumerate(texts):
                 self.tb.add_text(f"{prefix}/{key}/{i}", text, step)
+        if self.wandb is not None:
+            self.wandb.log_texts(step, key, texts, prefix)
 
     def close(self) -> None:
         if self.enabled:
             self.file.close()
             if self.tb is not None:
                 self.tb.close()
+            if self.wandb is not None:
+                self.wandb.finish()
 
 
 def _append(path: Path, lines: list[str], mode: str = "a") -> None:
