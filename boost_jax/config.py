@@ -157,6 +157,12 @@ class Train:
 
     steps: int = _field(300, "optimizer steps of the run", FREE)
     batch_size: int = _field(16, "global batch, in sequences", NOTE)
+    micro_batch_size: int | None = _field(None, "sequences a data replica runs per "
+                                          "micro-step; Parallel.grad_accum follows (= "
+                                          "batch_size / (Parallel.data x this)), so a restart "
+                                          "on another Parallel.data keeps the global batch and "
+                                          "the per-device memory (None: Parallel.grad_accum as "
+                                          "set)", FREE)
     seq_len: int = _field(128, "tokens per sequence", NOTE)
     seed: int = _field(0, "seed of the initialisation and the data order", NOTE)
     dtype: str = _field("float32", "compute dtype: float32 | bfloat16 (parameters stay "
@@ -239,6 +245,9 @@ class Train:
                f"Train.sample_every={self.sample_every} must be a positive integer or None")
         _check(bool(self.sample_prompts) and all(self.sample_prompts),
                f"Train.sample_prompts={self.sample_prompts!r} must be non-empty strings")
+        _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
+               f"Train.micro_batch_size={self.micro_batch_size!r} must be a positive integer "
+               "or None")
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "log_every", "loro_exact_every", "sample_tokens"):
             value = getattr(self, name)
@@ -296,6 +305,9 @@ class Data:
                             "spm:<file>", MATCH)
     eval_fraction: float = _field(0.02, "bundled corpora: share of documents held out", NOTE)
     worker_count: int = _field(0, "grain worker processes (0: in-process)", MATCH)
+    device_prefetch: int = _field(2, "global batches a background thread puts on the devices "
+                                  "ahead of the step that takes them (0: each when its step "
+                                  "starts)", FREE)
     cache_dir: str | None = _field(None, "where bundled corpora are prepared (None: "
                                    "$BOOST_JAX_CACHE or ~/.cache/boost_jax)", FREE)
     packing: str = _field("concat", "concat (windows over concatenated documents) | document "
@@ -316,6 +328,8 @@ class Data:
         _check(0.0 < self.eval_fraction < 0.5,
                f"Data.eval_fraction={self.eval_fraction} must be in (0, 0.5)")
         _check(self.worker_count >= 0, f"Data.worker_count={self.worker_count} must be >= 0")
+        _check(self.device_prefetch >= 0,
+               f"Data.device_prefetch={self.device_prefetch} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,6 +354,7 @@ class Config:
         _check(self.train.batch_size % self.parallel.data == 0,
                f"Train.batch_size={self.train.batch_size} is not divisible by "
                f"Parallel.data={self.parallel.data}")
+        self._derive_grad_accum()
         check_plan(self.model, self.parallel)
         par, m = self.parallel, self.model
         per_shard = self.train.batch_size // par.data
@@ -369,6 +384,22 @@ class Config:
             _check(m.arch != "lax", "Model.arch='lax' is not supported with pipeline "
                    "parallelism yet (its latents would have to travel between stages); use "
                    "Parallel.pipe=1")
+
+    def _derive_grad_accum(self) -> None:
+        """``Train.micro_batch_size`` set: ``Parallel.grad_accum`` is the micro-steps that
+        make one data replica's share of the global batch (left at 1, or that value)."""
+        micro = self.train.micro_batch_size
+        if micro is None:
+            return
+        per_shard = self.train.batch_size // self.parallel.data
+        _check(per_shard % micro == 0,
+               f"Train.micro_batch_size={micro} does not divide the batch of a data shard "
+               f"(Train.batch_size / Parallel.data = {per_shard})")
+        accum = per_shard // micro
+        _check(self.parallel.grad_accum in (1, accum),
+               f"Parallel.grad_accum={self.parallel.grad_accum} contradicts "
+               f"Train.micro_batch_size={micro} (which makes it {accum}); set one of them")
+        _set(self, parallel=dataclasses.replace(self.parallel, grad_accum=accum))
 
     def to_dict(self) -> dict:
         return {type(g).__name__: dataclasses.asdict(g)

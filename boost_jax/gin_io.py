@@ -68,15 +68,21 @@ def load_config(**overrides) -> Config:
 
 def operative_gin(config: Config) -> str:
     """Every field of ``config`` as a gin binding (presets and defaults resolved), grouped,
-    with each field's meaning as a comment."""
+    with each field's meaning as a comment. ``Parallel.grad_accum`` is commented out when
+    ``Train.micro_batch_size`` sets it, so the file run on another ``Parallel.data`` derives
+    its own."""
     lines = ["# The operative configuration of a boost_jax run: every field's value.",
              "# Reproduce the run with: python -m boost_jax.train --gin_file=<this file>"]
     for name in GROUPS:
         group = getattr(config, name)
         lines.append("")
         for f in dataclasses.fields(group):
-            lines.append(f"{type(group).__name__}.{f.name} = {getattr(group, f.name)!r}"
-                         f"  # {f.metadata['help']}")
+            line = (f"{type(group).__name__}.{f.name} = {getattr(group, f.name)!r}"
+                    f"  # {f.metadata['help']}")
+            if (group is config.parallel and f.name == "grad_accum"
+                    and config.train.micro_batch_size is not None):
+                line = f"# {line} (follows Train.micro_batch_size)"
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ Eval: the first ``n_batches`` global batches of the eval split, in order (no shu
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,9 +184,15 @@ def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:
 
 
 def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
-                   rows: tuple[int, int] | None = None, worker_count: int = 0):
+                   rows: tuple[int, int] | None = None, worker_count: int = 0,
+                   put: Callable[[dict], dict] | None = None, prefetch: int = 0):
     """A checkpointable grain iterator over this process's ``rows`` (default: all) of the
-    training stream (packed as ``ds.data.packing`` says, see the module docstring)."""
+    training stream (packed as ``ds.data.packing`` says, see the module docstring).
+
+    ``put``: a function of each batch (the trainer's: onto the devices), run ``prefetch``
+    batches ahead in a background thread when ``prefetch > 0`` (grain's
+    ``ThreadPrefetchIterDataset``: a bounded queue; its state is that of the batches handed
+    out, not of those waiting, so a checkpoint resumes at the next batch a step takes)."""
     rows = rows or (0, global_batch)
     if ds.data.packing == "document":
         pieces = ds.pieces("train", seq_len)
@@ -209,6 +215,10 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
         it = local.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
     if worker_count > 0:
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    if put is not None:
+        it = it.map(put)
+    if prefetch > 0:
+        it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=prefetch)
     return iter(it)
 
 

@@ -83,6 +83,7 @@ def eval_config(run: Config, parallel: dict | None = None, data: dict | None = N
         dat = dataclasses.replace(dat, path=data_path)
     train = {k: v for k, v in (("seq_len", seq_len), ("batch_size", batch_size),
                                ("dtype", dtype)) if v is not None}
+    train["micro_batch_size"] = None  # (which would set the accumulation again)
     return Config(run.model, par, dataclasses.replace(run.train, **train), dat)
 
 

@@ -4,7 +4,9 @@ Flow (:class:`_Run`, one method a step): mesh -> dataset -> sharded model + opti
 restore the newest intact checkpoint (or initialise from the seed) -> compile the step ahead
 of time -> train -> final checkpoint, eval and (``Train.sample_every``) greedy samples. Metrics
 of step ``n`` are read back after step ``n + 1`` has been dispatched, so the host never stalls
-the device; step time excludes eval, sample and checkpoint time. A step whose loss or
+the device, and the next ``Data.device_prefetch`` batches are put on the devices by a
+background thread while a step runs (data/pipeline.py); step time excludes eval, sample and
+checkpoint time. A step whose loss or
 gradient norm is not finite is never applied (inside the jitted step); ``Train.nonfinite``
 then stops the run without a final checkpoint or skips the step (at most ``Train.max_skips``
 in a row).
@@ -119,7 +121,8 @@ class _Run:
         self.opt = make_optimizer(t, self.model)
         self.rows = rows = local_batch_rows(mesh, t.batch_size)
         self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,
-                                       config.data.worker_count)
+                                       config.data.worker_count, put=self.global_batch,
+                                       prefetch=config.data.device_prefetch)
         self.evals = [self.global_batch(b) for b in
                       eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)]
         self.eval_split = eval_split_label(dataset.meta)
@@ -254,7 +257,7 @@ class _Run:
                 flags[signum] = stop_flags(self.model, signum)
             with self.profiler.step(step + 1, pending, self.report.paused):
                 with self.report.fetching(pending):
-                    batch = self.global_batch(next(self.train_it))
+                    batch = next(self.train_it)  # on the devices
                 state, metrics = self.step_fn(state, batch, flags[signum])
             step = self.step = step + 1
             flush()
@@ -275,6 +278,7 @@ class _Run:
         return state, step, eval_loss
 
     def close(self) -> None:
+        self.train_it.close()  # (its prefetch thread)
         self.ckpt.close()
         self.writer.close()
 

@@ -59,6 +59,40 @@ def test_resume_continues_the_stream(tiny_data):
         np.testing.assert_array_equal(x["targets"], y["targets"])
 
 
+@pytest.mark.parametrize("packing", ["concat", "document"])
+def test_prefetch_runs_ahead_in_a_thread_and_resumes_at_the_next_batch_taken(
+        tiny_data, packing_data, packing):
+    """``put`` (the trainer's: onto the devices) runs 2 batches ahead in a background thread;
+    the iterator's state is that of the batches handed out, so a new iterator set to it (with
+    or without prefetch) continues with the batch a step would take next."""
+    import threading
+    import time
+
+    ds = open_dataset(Data(path=str(packing_data if packing == "document" else tiny_data),
+                           packing=packing))
+    threads = []
+
+    def put(batch):
+        threads.append(threading.current_thread())
+        return {k: v + 0 for k, v in batch.items()}
+
+    plain = _take(train_iterator(ds, 32, 8, seed=0), 6)
+    it = train_iterator(ds, 32, 8, seed=0, put=put, prefetch=2)
+    got = _take(it, 3)
+    deadline = time.monotonic() + 30
+    while len(threads) < 5 and time.monotonic() < deadline:  # 3 taken + 2 waiting
+        time.sleep(0.01)
+    assert len(threads) >= 5 and threading.main_thread() not in threads
+    state = it.get_state()
+    it.close()
+    for again in (train_iterator(ds, 32, 8, seed=0),
+                  train_iterator(ds, 32, 8, seed=0, put=put, prefetch=2)):
+        again.set_state(state)
+        stream = got + _take(again, 3)
+        again.close()
+        assert all(np.array_equal(x[k], y[k]) for x, y in zip(stream, plain) for k in x)
+
+
 def test_processes_read_their_rows_of_the_global_batch(tiny_data):
     ds = open_dataset(Data(path=str(tiny_data)))
     whole = _take(train_iterator(ds, 32, 8, seed=0), 3)

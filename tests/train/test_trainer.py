@@ -229,3 +229,28 @@ def test_a_steps_metrics_are_read_before_a_pause_waits_for_it(tiny_data, tmp_pat
     assert {step for _, step in pauses} == {2, 4}
     for i, step in pauses:
         assert ("__call__", step) in events[:i], events
+
+
+@pytest.mark.parametrize("depth", [2, 0])
+def test_batches_go_to_the_devices_ahead_of_their_step(tiny_data, tmp_path, monkeypatch, depth):
+    """Data.device_prefetch=2: every training batch is put on the devices by the prefetch
+    thread, not the loop's (0: by the loop, when its step starts); eval batches by the loop."""
+    import threading
+
+    from boost_jax.train import loop
+
+    threads = []
+
+    def recorded(local, model, global_batch):
+        threads.append(threading.current_thread())
+        return put(local, model, global_batch)
+
+    put = loop._global_batch
+    monkeypatch.setattr(loop, "_global_batch", recorded)
+    config = _config(tiny_data, 4)
+    config = Config(config.model, config.parallel, config.train,
+                    Data(path=str(tiny_data), device_prefetch=depth))
+    run(config, tmp_path / "run", jax.devices()[:1])
+    evals, train = threads[:1], threads[1:]  # (eval_batches=1, put when the run starts)
+    assert evals == [threading.main_thread()] and len(train) >= 4
+    assert (threading.main_thread() in train) == (depth == 0), train
