@@ -157,12 +157,9 @@ class Train:
 
     steps: int = _field(300, "optimizer steps of the run", FREE)
     batch_size: int = _field(16, "global batch, in sequences", NOTE)
-    micro_batch_size: int | None = _field(None, "sequences a data replica runs per "
-                                          "micro-step; Parallel.grad_accum follows (= "
-                                          "batch_size / (Parallel.data x this)), so a restart "
-                                          "on another Parallel.data keeps the global batch and "
-                                          "the per-device memory (None: Parallel.grad_accum as "
-                                          "set)", FREE)
+    micro_batch_size: int | None = _field(None, "rows a data replica runs per micro-step: "
+                                          "Parallel.grad_accum = batch_size / (Parallel.data "
+                                          "x this) (None: as set)", FREE)
     seq_len: int = _field(128, "tokens per sequence", NOTE)
     seed: int = _field(0, "seed of the initialisation and the data order", NOTE)
     dtype: str = _field("float32", "compute dtype: float32 | bfloat16 (parameters stay "
@@ -241,13 +238,12 @@ class Train:
                "approximate steps; use a positive factor or -1 (rank/d_model)")
         _check(self.factor_lr_scale != 0, "Train.factor_lr_scale=0 would freeze the factors; "
                "use a positive factor or -1 (rank/d_model)")
-        _check(self.sample_every is None or self.sample_every > 0,
-               f"Train.sample_every={self.sample_every} must be a positive integer or None")
         _check(bool(self.sample_prompts) and all(self.sample_prompts),
                f"Train.sample_prompts={self.sample_prompts!r} must be non-empty strings")
-        _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
-               f"Train.micro_batch_size={self.micro_batch_size!r} must be a positive integer "
-               "or None")
+        for name, value in (("sample_every", self.sample_every),
+                            ("micro_batch_size", self.micro_batch_size)):
+            _check(value is None or value > 0, f"Train.{name}={value} must be a positive "
+                   "integer or None")
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "log_every", "loro_exact_every", "sample_tokens"):
             value = getattr(self, name)
@@ -327,9 +323,8 @@ class Data:
                f"Data.packing={self.packing!r} must be one of {', '.join(PACKINGS)}")
         _check(0.0 < self.eval_fraction < 0.5,
                f"Data.eval_fraction={self.eval_fraction} must be in (0, 0.5)")
-        _check(self.worker_count >= 0, f"Data.worker_count={self.worker_count} must be >= 0")
-        _check(self.device_prefetch >= 0,
-               f"Data.device_prefetch={self.device_prefetch} must be >= 0")
+        for name in ("worker_count", "device_prefetch"):
+            _check(getattr(self, name) >= 0, f"Data.{name}={getattr(self, name)} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,8 +381,7 @@ class Config:
                    "Parallel.pipe=1")
 
     def _derive_grad_accum(self) -> None:
-        """``Train.micro_batch_size`` set: ``Parallel.grad_accum`` is the micro-steps that
-        make one data replica's share of the global batch (left at 1, or that value)."""
+        """``Train.micro_batch_size`` set: ``Parallel.grad_accum`` follows (left 1, or equal)."""
         micro = self.train.micro_batch_size
         if micro is None:
             return
