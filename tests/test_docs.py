@@ -1,8 +1,11 @@
-"""The README against the code, so the documentation cannot drift from it.
+"""The documentation against the code, so it cannot drift from it.
 
-Fast checks only (no training, no compilation): the preset and binding tables against the
-dataclasses, every path, gin file, module and command line the README, ``configs/`` and
-``launch/`` name, the XLA flags the launchers set, the layout of the package, and the links.
+The documentation is the README and the pages of the site under ``docs/`` (every check reads
+them all, wherever a table or a command now lives). Fast checks only (no training, no
+compilation): the preset and binding tables against the dataclasses, every path, gin file,
+module and command line the docs, ``configs/`` and ``launch/`` name, the XLA flags the
+launchers set, the layout of the package, and the links. The site's build is
+``tests/test_docs_site.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from boost_jax.models.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+#: every page of the documentation, README first: ``{path from the repository root: text}``
+PAGES = {"README.md": README, **{p.relative_to(REPO).as_posix(): p.read_text()
+                                 for p in sorted((REPO / "docs").rglob("*.md"))}}
+DOCS = "\n\n".join(PAGES.values())
 LAUNCH = {p.name: p.read_text() for p in sorted((REPO / "launch").iterdir()) if p.is_file()}
 CONFIGS = {p.relative_to(REPO / "configs").as_posix(): p.read_text()
            for p in sorted((REPO / "configs").rglob("*.gin"))}
@@ -33,7 +40,7 @@ FIELDS = {name: {f.name: f for f in dataclasses.fields(c)} for name, c in CLASSE
 RUN_OUTPUTS = {"config.gin"}
 
 
-def _split(markdown: str) -> tuple[str, list[str]]:
+def _split(markdown: str, name: str = "README.md") -> tuple[str, list[str]]:
     """``(prose, code blocks)``: the text outside fenced code blocks, and each block's body."""
     prose, blocks, block = [], [], None
     for line in markdown.splitlines():
@@ -47,16 +54,18 @@ def _split(markdown: str) -> tuple[str, list[str]]:
             prose.append(line)
         else:
             block.append(line)
-    assert block is None, "an unclosed code block in the README"
+    assert block is None, f"an unclosed code block in {name}"
     return "\n".join(prose), blocks
 
 
-PROSE, BLOCKS = _split(README)
+SPLIT = {name: _split(text, name) for name, text in PAGES.items()}
+PROSE = "\n\n".join(prose for prose, _ in SPLIT.values())
+BLOCKS = [block for _, blocks in SPLIT.values() for block in blocks]
 SPANS = re.findall(r"`([^`]+)`", PROSE)  # inline code, possibly across a line break
 
 
 def _table(header_start: str) -> list[list[str]]:
-    """The rows (cells stripped) of the README table whose header starts with ``header_start``."""
+    """The rows (cells stripped) of the docs' table whose header starts with ``header_start``."""
     lines = PROSE.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
     rows = []
@@ -69,7 +78,7 @@ def _table(header_start: str) -> list[list[str]]:
 
 
 def _commands() -> list[str]:
-    """Every shell command of the README's code blocks, continuation lines joined, comments and
+    """Every shell command of the docs' code blocks, continuation lines joined, comments and
     ``&&`` chains split off."""
     out = []
     for block in BLOCKS:
@@ -96,7 +105,7 @@ def test_preset_table_is_the_presets():
         assert m.attn_rank == m.mlp_rank
         code = (str(m.d_model), str(m.n_layers), heads, str(m.d_ff), str(m.attn_rank),
                 str(m.vocab_size), "yes" if m.tie_embeddings else "no")
-        assert shown[size] == code, f"preset {size!r}: README {shown[size]}, code {code}"
+        assert shown[size] == code, f"preset {size!r}: docs {shown[size]}, code {code}"
 
 
 # ---------------------------------------------------------------- (c) bindings and modules
@@ -126,12 +135,12 @@ def test_binding_table_lists_every_field_with_its_default():
     assert not every - listed, f"fields missing from the binding table: {sorted(every - listed)}"
 
 
-def test_every_binding_the_readme_names_is_a_field():
-    named = re.findall(r"\b(Model|Parallel|Train|Data)\.(\w+)", README)
+def test_every_binding_the_docs_name_is_a_field():
+    named = re.findall(r"\b(Model|Parallel|Train|Data)\.(\w+)", DOCS)
     assert len(named) > 50
     unknown = sorted({f"{c}.{f}" for c, f in named if f not in FIELDS[c]})
-    assert not unknown, f"the README names bindings that do not exist: {unknown}"
-    gin_params = re.findall(r"--gin_param=[\"']?(\w+)\.(\w+)\s*=", README)
+    assert not unknown, f"the docs name bindings that do not exist: {unknown}"
+    gin_params = re.findall(r"--gin_param=[\"']?(\w+)\.(\w+)\s*=", DOCS)
     assert len(gin_params) > 10
     for cls, field in gin_params:
         assert cls in FIELDS and field in FIELDS[cls], f"--gin_param={cls}.{field}"
@@ -149,7 +158,7 @@ def _module_file(module: str) -> Path | None:
 
 
 def test_every_module_the_docs_run_exists():
-    texts = [README, *LAUNCH.values(), *CONFIGS.values()]
+    texts = [DOCS, *LAUNCH.values(), *CONFIGS.values()]
     modules = sorted({m for t in texts for m in re.findall(r"python -m (boost_jax[\w.]*\w)", t)})
     assert "boost_jax.train" in modules and len(modules) >= 5
     missing = [m for m in modules if _module_file(m) is None]
@@ -163,16 +172,17 @@ def _benchmarks() -> list[str]:
     return [k.value for k in node.value.keys]
 
 
-def test_every_benchmark_the_readme_names_exists():
-    named = set(re.findall(r"python -m boost_jax\.bench (\w+)", README))
+def test_every_benchmark_the_docs_name_exists():
+    named = set(re.findall(r"python -m boost_jax\.bench (\w+)", DOCS))
     assert named and named <= set(_benchmarks()), sorted(named - set(_benchmarks()))
-    listed = re.search(r"python -m boost_jax\.bench\s+((?:\w+\s*\|\s*)+\w+)", README)
+    listed = re.search(r"python -m boost_jax\.bench\s+((?:\w+\s*\|\s*)+\w+)", DOCS)
     assert listed, "the package layout lists the benchmarks"
     assert re.split(r"\s*\|\s*", listed.group(1)) == _benchmarks()
 
 
-# flags of other programs in the README's commands: pip's, sbatch's, srun's
+# flags of other programs in the docs' commands: pip's, sbatch's, srun's, mkdocs's
 OTHER_PROGRAMS_FLAGS = {"index-url", "no-deps", "target", "nodes", "signal", "kill-on-bad-exit",
+                        "strict",
                         # the LORO authors' run_c4.py, cited in the LORO section
                         "loro_lr_scaler", "loro_refresh", "lr_adjust_steps", "weight_decay"}
 ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile"}
@@ -200,7 +210,7 @@ def _module_flags(module: str) -> set[str]:
 
 def test_every_command_line_flag_is_defined():
     """Each ``python -m boost_jax...`` (or launcher) command's flags are its program's; any
-    other ``--flag`` in the README is some boost_jax program's, XLA's or another program's."""
+    other ``--flag`` in the docs is some boost_jax program's, XLA's or another program's."""
     checked = 0
     for command in _commands() + [s for s in SPANS if s.startswith("python -m boost_jax")]:
         m = re.search(r"python -m (boost_jax[\w.]*\w)", command)
@@ -213,9 +223,9 @@ def test_every_command_line_flag_is_defined():
         checked += 1
     assert checked >= 20
     every = ABSL_FLAGS.union(*(_defined_flags(f) for f in (REPO / "boost_jax").rglob("*.py")))
-    named = set(re.findall(r"(?<![\w-])--([a-zA-Z][\w-]*)", README))
+    named = set(re.findall(r"(?<![\w-])--([a-zA-Z][\w-]*)", DOCS))
     unknown = {n for n in named - every - OTHER_PROGRAMS_FLAGS if not n.startswith("xla_")}
-    assert not unknown, f"the README names flags no program defines: {sorted(unknown)}"
+    assert not unknown, f"the docs name flags no program defines: {sorted(unknown)}"
 
 
 def _gin_arguments(command: str) -> tuple[list[str], list[str]] | None:
@@ -229,8 +239,8 @@ def _gin_arguments(command: str) -> tuple[list[str], list[str]] | None:
     return files, params
 
 
-def test_readme_command_lines_make_valid_configs():
-    """Each trainer, launcher and report command in the README (code blocks and inline), and
+def test_docs_command_lines_make_valid_configs():
+    """Each trainer, launcher and report command in the docs (code blocks and inline), and
     each inline set of bindings, parses and validates: its gin files exist, its bindings are
     fields and their values are valid."""
     from boost_jax.config import ConfigError
@@ -242,21 +252,21 @@ def test_readme_command_lines_make_valid_configs():
     checked = 0
     for command in commands:
         args = _gin_arguments(command)
-        if args is None or set(args[0]) & _emitted():  # written by a README command first
+        if args is None or set(args[0]) & _emitted():  # written by a docs command first
             continue
         gin.clear_config()
         try:
             parse_gin(args[0], args[1], search_paths=[str(REPO / "configs")])
             load_config()
         except ConfigError as err:
-            pytest.fail(f"README command `{command}`: {err}")
+            pytest.fail(f"docs command `{command}`: {err}")
         checked += 1
     assert checked >= 15
 
 
 def _emitted() -> set[str]:
-    """Gin files a README command writes (``--emit_gin=``) for the next one to read."""
-    return set(re.findall(r"--emit_gin=(\S+\.gin)", README))
+    """Gin files a docs command writes (``--emit_gin=``) for the next one to read."""
+    return set(re.findall(r"--emit_gin=(\S+\.gin)", DOCS))
 
 
 # ---------------------------------------------------------------- (b) paths and gin files
@@ -275,9 +285,9 @@ def _named_paths(text: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("where", ["README.md", "launch", "configs"])
+@pytest.mark.parametrize("where", ["docs", "launch", "configs"])
 def test_every_path_named_exists(where):
-    texts = {"README.md": [README], "launch": list(LAUNCH.values()),
+    texts = {"docs": list(PAGES.values()), "launch": list(LAUNCH.values()),
              "configs": list(CONFIGS.values())}[where]
     paths = set().union(*map(_named_paths, texts))
     missing = sorted(p for p in paths if not (REPO / p).exists())
@@ -286,11 +296,11 @@ def test_every_path_named_exists(where):
     missing = sorted(g for g in gins
                      if not (REPO / g).is_file() and not (REPO / "configs" / g).is_file())
     assert not missing, f"{where} names gin files that are not in the repository: {missing}"
-    if where == "README.md":
+    if where == "docs":
         assert len(paths) > 20 and len(gins) >= 9
 
 
-def test_every_config_parses_as_the_trainer_reads_it_and_is_in_the_readme():
+def test_every_config_parses_as_the_trainer_reads_it_and_is_in_the_docs():
     """Looked up under configs/ as ``--gin_file`` is (so ``include`` lines resolve), parsed and
     built into the dataclasses; no mesh is built (the paper configs need many devices)."""
     from boost_jax.gin_io import load_config, parse_gin
@@ -302,8 +312,8 @@ def test_every_config_parses_as_the_trainer_reads_it_and_is_in_the_readme():
         gin.clear_config()
         parse_gin([name], search_paths=[str(REPO / "configs")])
         load_config()
-    unnamed = [name for name in CONFIGS if f"`{name}`" not in README]
-    assert not unnamed, f"configs the README does not list: {unnamed}"
+    unnamed = [name for name in CONFIGS if f"`{name}`" not in DOCS]
+    assert not unnamed, f"configs the docs do not list: {unnamed}"
 
 
 def _layout() -> list[tuple[str, str]]:
@@ -352,15 +362,15 @@ def test_checkpoint_items_are_the_checkpointers():
     items = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", None) == "ITEMS")
     match = re.search(r"with (\w+) items: (.{0,400})", PROSE, re.S)
-    assert match, "the README says which items a checkpoint holds"
+    assert match, "the docs say which items a checkpoint holds"
     words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
     assert match.group(1) == words[len(items)], (
-        f"README: {match.group(1)} checkpoint items, code: {len(items)} {items}")
+        f"docs: {match.group(1)} checkpoint items, code: {len(items)} {items}")
     assert re.findall(r"`(\w+)`\s+\(", match.group(2))[:len(items)] == list(items)
 
 
 def test_progress_line_example_is_what_the_trainer_prints():
-    """The README's progress line of the default run, redone by the trainer's own formatter
+    """The docs' progress line of the default run, redone by the trainer's own formatter
     from the example's step, loss and seconds per step (so its throughput and ETA agree)."""
     from boost_jax.train.progress import Window
 
@@ -377,12 +387,12 @@ def test_progress_line_example_is_what_the_trainer_prints():
 
 # ---------------------------------------------------------------- launchers: XLA flags
 
-def test_xla_flags_of_the_launchers_and_readme_are_known_to_jaxlib():
+def test_xla_flags_of_the_launchers_and_docs_are_known_to_jaxlib():
     """A flag XLA does not know aborts every process at start-up; the flag set is the same in
     the CPU and the CUDA builds of one jaxlib version."""
     from boost_jax import gpu_settings
 
-    texts = [README, *LAUNCH.values()]
+    texts = [DOCS, *LAUNCH.values()]
     flags = {}
     for name, value in re.findall(r"--(xla_\w+)(=[\w.-]+)?", "\n".join(texts)):
         if value or name not in flags:
@@ -403,9 +413,9 @@ def test_xla_flags_of_the_launchers_and_readme_are_known_to_jaxlib():
 INTERNAL = re.compile(r"\bSPEC\b|DESIGN\.md|JAX_NOTES|ENV_NOTES|\.\./shared|\bseeds/|\bNOTES\.md")
 
 
-@pytest.mark.parametrize("where", ["README.md", "launch", "configs"])
+@pytest.mark.parametrize("where", ["docs", "launch", "configs"])
 def test_no_reference_to_documents_a_user_does_not_have(where):
-    texts = {"README.md": {"README.md": README}, "launch": LAUNCH, "configs": CONFIGS}[where]
+    texts = {"docs": PAGES, "launch": LAUNCH, "configs": CONFIGS}[where]
     found = [f"{name}: {line.strip()}" for name, text in texts.items()
              for line in text.splitlines() if INTERNAL.search(line)]
     assert not found, "\n".join(found)
@@ -417,12 +427,23 @@ def github_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def _anchors() -> set[str]:
+def site_anchor(heading: str) -> str:
+    """The site's anchor of a heading (MkDocs' ``toc`` extension): its text without markup
+    (code, links), ASCII, punctuation dropped, runs of spaces and hyphens to one hyphen."""
+    from markdown.extensions.toc import slugify
+
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).replace("`", "")
+    return slugify(text, "-")
+
+
+def _anchors(prose: str, site: bool = False) -> set[str]:
+    """The anchors of a page's headings; a repeated heading gets ``-1``, ``-2`` (GitHub) or
+    ``_1``, ``_2`` (the site)."""
     seen, anchors = {}, set()
-    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", PROSE, re.M):
-        base = github_anchor(heading)
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", prose, re.M):
+        base = (site_anchor if site else github_anchor)(heading)
         n = seen.get(base, 0)
-        anchors.add(base if n == 0 else f"{base}-{n}")
+        anchors.add(base if n == 0 else f"{base}{'_' if site else '-'}{n}")
         seen[base] = n + 1
     return anchors
 
@@ -434,42 +455,69 @@ def test_github_anchor_rules():
     assert github_anchor("Preparing a corpus (C4 end to end)") == "preparing-a-corpus-c4-end-to-end"
 
 
+def test_site_anchor_rules():
+    assert site_anchor("What `--verify` checks") == "what-verify-checks"
+    assert site_anchor("Packing: `Data.packing`") == "packing-datapacking"
+    assert site_anchor("The paper's layouts vs the planner's choice") == \
+        "the-papers-layouts-vs-the-planners-choice"
+
+
+def generated_pages() -> tuple[str, ...]:
+    """The pages the site's build hook generates (``docs/_hooks/generate.py``), under docs/."""
+    tree = ast.parse((REPO / "docs/_hooks/generate.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", None) == "GENERATED")
+    return ast.literal_eval(node.value)
+
+
 def test_links_resolve():
-    anchors = _anchors()
-    links = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", PROSE)
-    assert len(links) > 10
-    for link in links:
-        if link.startswith(("http://", "https://")):
-            continue
-        if link.startswith("#"):
-            assert link[1:] in anchors, f"link {link}: no such heading"
-        else:
-            assert (REPO / link.split("#")[0]).exists(), f"link {link}: no such file"
-    contents = PROSE.split("## Contents", 1)[1].split("\n## ", 1)[0]
-    listed = re.findall(r"\]\(#([^)]+)\)", contents)
-    sections = [github_anchor(h) for h in re.findall(r"^## +(.+)$", PROSE, re.M)]
-    assert listed == [s for s in sections if s != "contents"], (
-        "Contents lists every section, in order")
+    """Every link of the README and of the site's pages reaches a file and, with ``#``, a
+    heading: the README's as GitHub renders it, the pages' as the site does (links among the
+    pages stay inside ``docs/``, which is all the site has)."""
+    generated = {f"docs/{page}" for page in generated_pages()}
+    checked = 0
+    for name, (prose, _) in SPLIT.items():
+        site = name != "README.md"
+        for link in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", prose):
+            if link.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = link.partition("#")
+            target = os.path.normpath(os.path.join(os.path.dirname(name), path)) if path else name
+            target = target.replace(os.sep, "/")
+            if site:
+                assert target.startswith("docs/"), f"{name}: link {link} leaves the site"
+            assert (REPO / target).exists() or target in generated, (
+                f"{name}: link {link}: no such file")
+            if anchor:
+                assert target in PAGES, f"{name}: link {link}: an anchor in no page of the docs"
+                anchors = _anchors(SPLIT[target][0], site=site)
+                assert anchor in anchors, f"{name}: link {link}: no such heading in {target}"
+            checked += 1
+    assert checked > 100
 
 
 def test_sections_other_files_point_to_exist():
-    """pyproject.toml and the launchers refer to README sections by name."""
+    """pyproject.toml, the launchers, the configs and the package refer to sections of the docs
+    by name (``README, "GPU hosts"`` or ``docs, "GPU hosts"``): each is a heading of the README
+    or of a page."""
     headings = set(re.findall(r"^#{1,6} +(.+?)\s*$", PROSE, re.M))
-    texts = [(REPO / "pyproject.toml").read_text(), *LAUNCH.values(), *CONFIGS.values()]
-    named = {s for t in texts for s in re.findall(r'README, "([^"]+)"', t)}
-    assert not named - headings, f"README sections that do not exist: {sorted(named - headings)}"
+    texts = [(REPO / "pyproject.toml").read_text(), *LAUNCH.values(), *CONFIGS.values(),
+             *(p.read_text() for p in sorted((REPO / "boost_jax").rglob("*.py")))]
+    named = {s for t in texts for s in re.findall(r'(?:README|docs), "([^"]+)"', t)}
+    assert len(named) >= 2
+    assert not named - headings, f"sections that do not exist: {sorted(named - headings)}"
 
 
 def test_version_ranges_quoted_are_the_pins():
-    """A version range the README quotes (```>=a,<b```) is one that pyproject.toml pins (the
-    dependencies or an extra), so the README cannot keep an old pin."""
+    """A version range the docs quote (```>=a,<b```) is one that pyproject.toml pins (the
+    dependencies or an extra), so the docs cannot keep an old pin."""
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     pins = project["dependencies"] + [p for extra in project["optional-dependencies"].values()
                                       for p in extra]
     specs = {re.sub(r"^[\w.-]+(\[[\w,-]+\])?", "", p).split(";")[0].strip() for p in pins}
-    quoted = set(re.findall(r"`(>=[\w.]+,<[\w.]+)`", README))
-    assert quoted, "the README quotes jax's range (GPU hosts)"
+    quoted = set(re.findall(r"`(>=[\w.]+,<[\w.]+)`", DOCS))
+    assert quoted, "the docs quote jax's range (GPU hosts)"
     assert quoted <= specs, (
-        f"ranges the README quotes that pyproject.toml does not pin: {sorted(quoted - specs)}")
+        f"ranges the docs quote that pyproject.toml does not pin: {sorted(quoted - specs)}")
