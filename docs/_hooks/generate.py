@@ -30,6 +30,8 @@ NOTEBOOK = re.compile(r"<!-- notebook: (\S+\.ipynb) cells=([\d,]+) -->")
 
 
 def _cell(text: str) -> str:
+    """A table cell's prose on one line, its ``|`` escaped (a code span's need no escape: the
+    tables extension does not split a row inside one)."""
     return text.replace("|", r"\|").replace("\n", " ")
 
 
@@ -52,7 +54,7 @@ def configuration_page() -> str:
                   "| binding | type | default | on resume | meaning |", "|---|---|---|---|---|"]
         for binding, kind, default, resume, meaning in rows:
             if binding.split(".")[0] == group:
-                lines.append(f"| `{binding}` | `{_cell(kind)}` | `{_cell(default)}` | "
+                lines.append(f"| `{binding}` | `{kind}` | `{default}` | "
                              f"{_cell(resume)} | {_cell(meaning)} |")
     listed = sum(line.startswith("| `") for line in lines)
     assert listed == len(rows), f"{len(rows) - listed} fields of no group {list(GROUP_INTRO)}"
@@ -92,6 +94,12 @@ def on_files(files, config):
     files.append(File.generated(config, "reference/configuration.md",
                                 content=configuration_page()))
     return files
+
+
+def on_page_content(html, page, config, files):
+    """The docstrings' reST roles (``:class:`~boost_jax.config.Config```) as plain code."""
+    html = re.sub(r":(?:class|mod|func|meth|attr|data|obj|exc):(?=<code>)", "", html)
+    return re.sub(r"<code>~(?=[\w.]+</code>)", "<code>", html)
 
 
 def on_page_markdown(markdown, page, config, files):
