@@ -95,6 +95,13 @@ def _global_batch(local: dict, model: ShardedModel, global_batch: int) -> dict:
             for k, v in local.items()}
 
 
+def _micro_parts(local: dict, k: int) -> list[dict]:
+    """An eval batch cut as the train step cuts its batch (train/step.py ``accumulate``):
+    part ``i`` takes rows ``i, i + k, ...`` of this process's rows, so each data shard
+    evaluates ``1/k`` of its rows at a time -- what it trains on per micro-step."""
+    return [{name: v[i::k] for name, v in local.items()} for i in range(k)]
+
+
 def _write_config(workdir: Path, config: Config) -> None:
     """``config.json`` and ``config.gin``: every field's value (``--gin_file`` takes it)."""
     (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
@@ -123,8 +130,10 @@ class _Run:
         self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,
                                        config.data.worker_count, put=self.global_batch,
                                        prefetch=config.data.device_prefetch)
-        self.evals = [self.global_batch(b) for b in
-                      eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)]
+        k = config.parallel.grad_accum  # the evaluation's micro-batches are the steps'
+        self.evals = [self.global_batch(part, t.batch_size // k) for b in
+                      eval_batches(dataset, t.seq_len, t.batch_size, t.eval_batches, rows)
+                      for part in _micro_parts(b, k)]
         self.eval_split = eval_split_label(dataset.meta)
         self.lead, self.goodput = jax.process_index() == 0, goodput
         self.profiler = StepProfiler(t, workdir, jax.process_index(), jax.process_count())
@@ -144,8 +153,10 @@ class _Run:
         check_resume(meta.get("config", {}), self.config, where)
         data_state.position(meta, self.rows, self.config.data.packing, where)
 
-    def global_batch(self, local: dict) -> dict:
-        return _global_batch(local, self.model, self.t.batch_size)
+    def global_batch(self, local: dict, rows: int | None = None) -> dict:
+        """``local`` (this process's rows) on the devices, as a global batch of ``rows``
+        (default ``Train.batch_size``) split on ``data``."""
+        return _global_batch(local, self.model, rows or self.t.batch_size)
 
     def restore(self, fresh_start: bool = False) -> tuple[dict, int]:
         """The newest intact checkpoint's state (and data position), else a fresh one --
@@ -191,7 +202,10 @@ class _Run:
         say(f"training steps {start + 1}..{t.steps} of {tokens:,} tokens on a "
             f"{' x '.join(f'{k}={v}' for k, v in mesh.shape.items())} mesh of {kind}")
         if self.evals:
-            say(f"evaluating {len(self.evals)} batch(es) of the eval split: {self.eval_split}")
+            k = self.config.parallel.grad_accum
+            each = f", {k} micro-batches each" if k > 1 else ""
+            say(f"evaluating {len(self.evals) // k} batch(es) of the eval split{each}: "
+                f"{self.eval_split}")
         flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
         if start:  # the time inherited, kept should this process die before its next record
             self.writer.write(start, self.goodput.record(), prefix="")

@@ -75,17 +75,26 @@ def test_a_restart_on_half_the_devices_keeps_the_per_device_memory():
     assert grown > 1.5 * eight, (eight, grown)
 
 
-def test_a_run_on_8_devices_resumed_on_4_gives_the_same_losses(tiny_data, tmp_path):
+def test_a_run_on_8_devices_resumed_on_4_gives_the_same_losses(tiny_data, tmp_path,
+                                                               monkeypatch):
     """CoLA/tiny under BTP, global batch 8, Train.micro_batch_size=1: 6 steps on 8 devices
     (data 4 x tensor 2, 2 micro-steps) against 3 steps there, then resumed on 4 devices (data 2
-    x tensor 2, 4 micro-steps): the same losses (fp32, <= 1e-5), the first 3 bit for bit."""
+    x tensor 2, 4 micro-steps): the same losses (fp32, <= 1e-5), the first 3 bit for bit; the
+    evaluation too, which runs in micro-batches of the same rows per replica (2 on 4
+    devices)."""
+    from boost_jax.train import loop
+
     cfg = dict(micro_batch_size=1, schedule_steps=6, checkpoint_every=3, eval_every=6)
     full, split = tmp_path / "full", tmp_path / "split"
     ref = run(_config(tiny_data, 6, EIGHT, **cfg), full, jax.devices())
     run(_config(tiny_data, 3, EIGHT, **cfg), split, jax.devices())
     smaller = _config(tiny_data, 6, FOUR, **cfg)
     assert smaller.parallel.grad_accum == 4
+    put, rows = loop._global_batch, []
+    monkeypatch.setattr(loop, "_global_batch", lambda local, model, n: (
+        rows.append(n), put(local, model, n))[1])
     resumed = run(smaller, split, jax.devices()[:4])
+    assert sorted(set(rows)) == [2, 8]  # eval micro-batches: 2 rows (1 per replica); steps: 8
     assert (resumed.start_step, resumed.step) == (3, 6)
     a, b = _losses(full), _losses(split)
     assert sorted(b) == list(range(1, 7))
