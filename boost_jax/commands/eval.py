@@ -5,8 +5,13 @@
     python -m boost_jax.eval --workdir=W --gin_param=Parallel.data=1 --gin_param=Parallel.tensor=2
     python -m boost_jax.eval --workdir=W --tasks=lambada_openai,hellaswag --limit=100
     python -m boost_jax.eval --workdir=W --tasks=my_task --include_path=tasks/ --only_include_path
+    python -m boost_jax.eval --checkpoint_dir=s3://bucket/run/checkpoints     # no local workdir
 
-Perplexity (no ``--tasks``): the checkpoint ``--step`` of ``--workdir`` (default: the newest)
+The checkpoints are read from ``--checkpoint_dir``, what the trainer was given (a local
+directory, ``s3://bucket/prefix`` or ``gs://bucket/prefix``; default:
+``<workdir>/checkpoints``); given it, ``--workdir`` may be left out.
+
+Perplexity (no ``--tasks``): the checkpoint ``--step`` of the run (default: the newest)
 evaluated on every full global batch of the eval split of ``--data`` (a prepared dataset
 directory or ``bundled:<name>``; default: the run's ``Data``), or the first ``--max_batches``,
 at ``--seq_len`` / ``--batch_size`` / ``--dtype`` (default: the run's). The mesh is the run's
@@ -33,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import gin
 from absl import app, flags, logging
@@ -53,6 +57,9 @@ def define_flags() -> None:
     if "workdir" in FLAGS:
         return
     flags.DEFINE_string("workdir", None, "the training run to evaluate (its --workdir)")
+    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
+                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
+                        "<workdir>/checkpoints)")
     flags.DEFINE_integer("step", None, "the checkpoint to evaluate (default: the newest)")
     flags.DEFINE_string("data", None, "perplexity: a prepared dataset directory or "
                         "bundled:<name> whose eval split is scored (default: the run's "
@@ -100,17 +107,25 @@ def _reject_bindings() -> None:
                           "--batch_size and --dtype (and Parallel.*, Data.* bindings)")
 
 
+def _run_fields(trained) -> dict:
+    """The run in the JSON output: its workdir (None when only --checkpoint_dir was given),
+    the checkpoint directory when given, the step."""
+    out = {"workdir": None if trained.workdir is None else str(trained.workdir)}
+    if FLAGS.checkpoint_dir:
+        out["checkpoint_dir"] = trained.checkpoint_dir
+    return {**out, "step": trained.step}
+
+
 def _print_perplexity(trained, result) -> None:
     from boost_jax.train.progress import duration, say
 
     if FLAGS.json:
-        say(json.dumps({"workdir": str(trained.workdir), "step": trained.step,
-                        **result.to_dict()}))
+        say(json.dumps({**_run_fields(trained), **result.to_dict()}))
         return
     m = trained.model
     left = f"; {result.left_out} eval windows left out" if result.left_out else ""
     mesh = " x ".join(f"{k} {v}" for k, v in result.mesh.items())
-    say(f"{trained.workdir} at step {trained.step} ({m.arch} {m.size}) on the eval split of "
+    say(f"{trained.source} at step {trained.step} ({m.arch} {m.size}) on the eval split of "
         f"{result.data}")
     say(f"eval split  {result.eval_split}")
     say(f"loss        {result.loss:.4f}")
@@ -139,8 +154,8 @@ def _run_tasks(trained, config) -> int:
     results = run_tasks(lm, FLAGS.tasks, FLAGS.include_path, limit, FLAGS.num_fewshot,
                         not FLAGS.only_include_path, seed=FLAGS.seed)
     if FLAGS.json:
-        say(json.dumps({"workdir": str(trained.workdir), "step": trained.step,
-                        "results": results["results"]}, default=float))
+        say(json.dumps({**_run_fields(trained), "results": results["results"]},
+                       default=float))
     else:
         say(make_table(results))
     return 0
@@ -150,8 +165,9 @@ def evaluate() -> int:
     """The command's body (flags parsed); raises ConfigError on a user mistake."""
     parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(CONFIGS_DIR)])
     _reject_bindings()
-    if not FLAGS.workdir:
-        raise ConfigError("give the run to evaluate: --workdir=W (a training run's workdir)")
+    if not FLAGS.workdir and not FLAGS.checkpoint_dir:
+        raise ConfigError("give the run to evaluate: --workdir=W (a training run's workdir) or "
+                          "--checkpoint_dir=D (its checkpoints)")
     if FLAGS.tasks:
         try:
             import lm_eval  # noqa: F401
@@ -166,7 +182,7 @@ def evaluate() -> int:
     )
     from boost_jax.train.trained import load_trained, trained_config
 
-    run, step = trained_config(FLAGS.workdir, FLAGS.step)
+    run, step = trained_config(FLAGS.workdir, FLAGS.step, FLAGS.checkpoint_dir)
     parallel = bound(Parallel)
     config = eval_config(run, parallel, bound(Data), FLAGS.data, FLAGS.seq_len,
                          FLAGS.batch_size, FLAGS.dtype)
@@ -174,7 +190,7 @@ def evaluate() -> int:
         config = dataclasses.replace(config, parallel=ONE_DEVICE)
     cli.setup_devices(config)  # devices (simulated on CPU), multi-process, compilation cache
     config, devices = fit_devices(config, bool(parallel))
-    trained = load_trained(Path(FLAGS.workdir).absolute(), step)  # orbax: absolute paths
+    trained = load_trained(FLAGS.workdir, step, FLAGS.checkpoint_dir)
     if FLAGS.tasks:
         return _run_tasks(trained, config)
     _print_perplexity(trained, evaluate_perplexity(trained.params, config, devices,

@@ -3,6 +3,11 @@
     python -m boost_jax.export --workdir=runs/dense --out=export/dense   # LlamaForCausalLM
     python -m boost_jax.export --workdir=runs/svd --step=200 --out=export/svd --keep_factors
     python -m boost_jax.export --workdir=runs/cola --out=export/cola     # CoLA's ColaForCausalLM
+    python -m boost_jax.export --checkpoint_dir=s3://bucket/run/checkpoints --out=export/run
+
+The checkpoints are read from ``--checkpoint_dir``, what the trainer was given (a local
+directory, ``s3://bucket/prefix`` or ``gs://bucket/prefix``; default:
+``<workdir>/checkpoints``); given it, ``--workdir`` may be left out.
 
 ``--format`` (default ``auto``, which picks by ``Model.arch``): ``hf`` for dense and svd
 (``LlamaForCausalLM``; svd multiplied out, or factored with ``--keep_factors``), ``cola`` for
@@ -39,6 +44,9 @@ def define_flags() -> None:
     from boost_jax.interop.export import FORMATS
 
     flags.DEFINE_string("workdir", None, "the training run's --workdir")
+    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
+                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
+                        "<workdir>/checkpoints)")
     flags.DEFINE_integer("step", None, "checkpoint step to export (default: the newest)")
     flags.DEFINE_string("out", None, "directory to write (created; see --overwrite)")
     flags.DEFINE_enum("format", "auto", FORMATS, "auto (by Model.arch) | hf "
@@ -76,22 +84,27 @@ def load_tokenizer(spec: str, trained):
 
 def export(workdir: str | None, out: str | None, step: int | None = None, fmt: str = "auto",
            keep_factors: bool = False, overwrite: bool = False,
-           tokenizer: str = RUN_TOKENIZER):
-    """Export ``workdir``'s checkpoint ``step`` to ``out``; returns the
+           tokenizer: str = RUN_TOKENIZER, checkpoint_dir: str | None = None):
+    """Export checkpoint ``step`` of ``checkpoint_dir`` (default ``<workdir>/checkpoints``)
+    to ``out``; returns the
     :class:`~boost_jax.interop.export.Exported` and the checkpoint's step. Raises
     ConfigError (one line) on a user mistake, before writing anything."""
     from boost_jax.interop.export import check_output, export_model, resolve_layout
     from boost_jax.train.trained import load_trained
 
-    if not workdir:
-        raise ConfigError("give the run to export: --workdir=RUN --out=DIR (see --help)")
+    if not workdir and not checkpoint_dir:
+        raise ConfigError("give the run to export: --workdir=RUN (or --checkpoint_dir=CKPT) "
+                          "--out=DIR (see --help)")
     if not out:
         raise ConfigError("give the directory to write: --out=DIR (see --help)")
     check_output(Path(out), overwrite)  # fail before reading a large checkpoint
-    trained = load_trained(workdir, step)
+    trained = load_trained(workdir, step, checkpoint_dir)
     resolve_layout(trained.model, fmt, keep_factors)  # before preparing a tokenizer
     tok = load_tokenizer(tokenizer, trained)
-    provenance = {"workdir": str(Path(workdir).absolute()), "step": trained.step}
+    provenance = {} if trained.workdir is None else {"workdir": str(trained.workdir)}
+    if checkpoint_dir:
+        provenance["checkpoint_dir"] = trained.checkpoint_dir
+    provenance["step"] = trained.step
     result = export_model(trained.model, trained.params, out, fmt, keep_factors, tok,
                           overwrite, max_positions=trained.config.train.seq_len,
                           provenance=provenance)
@@ -100,17 +113,18 @@ def export(workdir: str | None, out: str | None, step: int | None = None, fmt: s
 
 def command(workdir: str | None, out: str | None, step: int | None = None, fmt: str = "auto",
             keep_factors: bool = False, overwrite: bool = False,
-            tokenizer: str = RUN_TOKENIZER) -> int:
+            tokenizer: str = RUN_TOKENIZER, checkpoint_dir: str | None = None) -> int:
     """:func:`export` with one-line errors; the exit code (0, or 2 on a user mistake)."""
     try:
-        result, step = export(workdir, out, step, fmt, keep_factors, overwrite, tokenizer)
+        result, step = export(workdir, out, step, fmt, keep_factors, overwrite, tokenizer,
+                              checkpoint_dir)
     except ConfigError as err:
         return user_error(PROG, err)
     loads = {"llama": "transformers.LlamaForCausalLM", "cola": "the CoLA repository's "
              "ColaForCausalLM", "svd_factored": "boost_jax.interop.export.load_export",
              "lax": "boost_jax.interop.export.load_export"}[result.layout]
     tok = f"{result.tokenizer} tokenizer" if result.tokenizer else "no tokenizer"
-    print(f"wrote {result.path}: step {step} of {workdir} as {result.layout} "
+    print(f"wrote {result.path}: step {step} of {workdir or checkpoint_dir} as {result.layout} "
           f"({result.tensors} tensors, {result.nbytes / 2**20:.1f} MiB, {tok}); "
           f"loads with {loads}")
     return 0
@@ -122,7 +136,7 @@ def main(argv: list[str]) -> int:
         return user_error(PROG, ConfigError(f"unexpected argument(s) {' '.join(argv[1:])} "
                                             "(see --help)"))
     return command(FLAGS.workdir, FLAGS.out, FLAGS.step, FLAGS.format, FLAGS.keep_factors,
-                   FLAGS.overwrite, FLAGS.tokenizer)
+                   FLAGS.overwrite, FLAGS.tokenizer, FLAGS.checkpoint_dir)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
     python -m boost_jax.generate --workdir=runs/default --prompt="ROMEO:"
     python -m boost_jax.generate --workdir=W --prompt="The king" --prompt="JULIET:" \\
         --temperature=0.8 --top_p=0.9 --num_samples=3 --seed=1 --max_new_tokens=100
+    python -m boost_jax.generate --checkpoint_dir=s3://bucket/run/checkpoints --prompt="ROMEO:"
 
-Loads the newest checkpoint of a training run's ``--workdir`` (or ``--step``) on one device,
+Loads the newest checkpoint of a training run (or ``--step``) on one device,
 encodes each ``--prompt`` with the run's tokenizer, and prints the prompt and its continuation
 on stdout: ``--max_new_tokens`` tokens at most, ending early at the tokenizer's end-of-text
 token. ``--temperature=0`` (the default) is greedy decoding; a positive temperature samples
@@ -12,6 +13,10 @@ from the ``--top_p`` nucleus, the same text for the same ``--seed``. With severa
 ``--num_samples`` each text is preceded by a ``=== prompt i, sample j ===`` line. Generation
 uses a key/value cache (models/decode.py): the whole batch of prompts is prefilled in one call,
 then one compiled step per token.
+
+The checkpoints are read from ``--checkpoint_dir``, what the trainer was given (a local
+directory, ``s3://bucket/prefix`` or ``gs://bucket/prefix``; default:
+``<workdir>/checkpoints``); given it, ``--workdir`` may be left out.
 
 A mistake (no such workdir, no checkpoint, an unknown ``--step``, an empty prompt, a bad
 sampling setting) prints ``boost_jax.generate: error: ...`` on one line and exits with code 2;
@@ -36,6 +41,9 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """The command's flags."""
     flags.DEFINE_string("workdir", None, "the training run's --workdir (holding checkpoints/)")
+    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
+                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
+                        "<workdir>/checkpoints)")
     flags.DEFINE_multi_string("prompt", [], "text to continue; repeat the flag for several")
     flags.DEFINE_integer("step", None, "checkpoint step to load (default: the newest)")
     flags.DEFINE_integer("max_new_tokens", 64, "most tokens generated per sample")
@@ -51,7 +59,8 @@ def check_args(workdir: str | None, prompts: list[str], max_new_tokens: int, tem
                top_p: float, num_samples: int, dtype: str) -> None:
     """Raise :class:`ConfigError` (one line) on a bad flag value."""
     if not workdir:
-        raise ConfigError("give the training run's --workdir (e.g. --workdir=runs/default)")
+        raise ConfigError("give the training run's --workdir (e.g. --workdir=runs/default) or "
+                          "its --checkpoint_dir")
     if not prompts:
         raise ConfigError('give a --prompt to continue (e.g. --prompt="ROMEO:")')
     if not all(prompts):
@@ -73,18 +82,19 @@ def check_args(workdir: str | None, prompts: list[str], max_new_tokens: int, tem
 
 def generate_texts(workdir: str | Path | None, prompts: list[str], step: int | None = None,
                    max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                   seed: int = 0, num_samples: int = 1, dtype: str = "float32"
-                   ) -> tuple[int, list[list[str]]]:
+                   seed: int = 0, num_samples: int = 1, dtype: str = "float32",
+                   checkpoint_dir: str | None = None) -> tuple[int, list[list[str]]]:
     """``(checkpoint step, texts)``: for each prompt its ``num_samples`` texts (the prompt and
-    its continuation). Raises :class:`ConfigError` on a user mistake."""
+    its continuation), from ``checkpoint_dir`` (default: ``<workdir>/checkpoints``). Raises
+    :class:`ConfigError` on a user mistake."""
     import jax.numpy as jnp
 
     from boost_jax.models.decode import generate
     from boost_jax.train.trained import load_trained
 
-    check_args(workdir and str(workdir), prompts, max_new_tokens, temperature, top_p,
-               num_samples, dtype)
-    trained = load_trained(workdir, step)
+    check_args(str(workdir or checkpoint_dir or "") or None, prompts, max_new_tokens,
+               temperature, top_p, num_samples, dtype)
+    trained = load_trained(workdir, step, checkpoint_dir)
     tokenizer = trained.tokenizer()
     encoded = tokenizer.encode_batch(prompts)
     for text, ids in zip(prompts, encoded):
@@ -104,7 +114,7 @@ def command(workdir: str | None, prompts: list[str], **options) -> int:
         step, texts = generate_texts(workdir, prompts, **options)
     except ConfigError as err:
         return user_error(PROG, err)
-    print(f"{PROG}: {workdir} at step {step}", file=sys.stderr)
+    print(f"{PROG}: {workdir or options.get('checkpoint_dir')} at step {step}", file=sys.stderr)
     several = len(texts) > 1 or len(texts[0]) > 1
     for i, samples in enumerate(texts, 1):
         for j, text in enumerate(samples, 1):
@@ -127,7 +137,7 @@ def main(argv: list[str]) -> int:
     return command(FLAGS.workdir, FLAGS.prompt, step=FLAGS.step,
                    max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
                    top_p=FLAGS.top_p, seed=FLAGS.seed, num_samples=FLAGS.num_samples,
-                   dtype=FLAGS.dtype)
+                   dtype=FLAGS.dtype, checkpoint_dir=FLAGS.checkpoint_dir)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 @register_model("boost_jax")
 class BoostLM(TemplateLM):
-    """A trained run (``trained``, or the checkpoint ``step`` of ``workdir``) for lm-eval.
+    """A trained run (``trained``, or the checkpoint ``step`` of ``checkpoint_dir``, default
+    ``<workdir>/checkpoints``) for lm-eval.
 
     Args:
       max_length: tokens a scored row or a generation (prompt and new tokens) may hold
@@ -56,14 +57,15 @@ class BoostLM(TemplateLM):
                  trained: Trained | None = None, max_length: int | str | None = None,
                  batch_size: int | str = 16, dtype: str = "float32",
                  max_gen_toks: int | str = DEFAULT_MAX_GEN_TOKS, seed: int | str = 0,
-                 max_batch_size: int | None = None, device: str | None = None):
+                 max_batch_size: int | None = None, device: str | None = None,
+                 checkpoint_dir: str | None = None):
         del max_batch_size, device  # what lm-eval passes every model; one device here
         super().__init__()
         if trained is None:
-            if workdir is None:
-                raise ConfigError("BoostLM needs a workdir (model_args workdir=...) or a "
-                                  "Trained run")
-            trained = load_trained(Path(workdir).absolute(), None if step is None else int(step))
+            if workdir is None and checkpoint_dir is None:
+                raise ConfigError("BoostLM needs a workdir (model_args workdir=...), a "
+                                  "checkpoint_dir or a Trained run")
+            trained = load_trained(workdir, None if step is None else int(step), checkpoint_dir)
         self.trained, self.cfg = trained, trained.model
         self.tok = trained.tokenizer()
         self.max_length = int(max_length or trained.config.train.seq_len)
@@ -86,7 +88,7 @@ class BoostLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        return f"boost_jax:{self.trained.workdir}"
+        return f"boost_jax:{self.trained.source}"
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None,
                    **kwargs: Any) -> list[int]:
@@ -97,7 +99,7 @@ class BoostLM(TemplateLM):
 
     def get_model_info(self) -> dict:
         m = self.cfg
-        return {"boost_jax_workdir": str(self.trained.workdir), "step": self.trained.step,
+        return {"boost_jax_workdir": self.trained.source, "step": self.trained.step,
                 "arch": m.arch, "size": m.size, "max_length": self.max_length,
                 "dtype": self.dtype.name}
 

@@ -11,6 +11,7 @@ against an older checkpoint code (which made ``s3://...`` a local directory) and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -18,6 +19,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -159,12 +161,12 @@ def _start(scheme: str) -> tuple[object, str, dict[str, str]]:
     return server, endpoint, env
 
 
-@pytest.fixture(scope="module", params=["s3", "gs"])
-def store(request):
-    """An object-store emulator on a free local port (moto's S3 server; gcp-storage-emulator
-    for GCS) and this process's environment pointing at it, for this module only; skipped,
-    saying what to install, where the packages are missing."""
-    scheme = request.param
+@contextlib.contextmanager
+def emulated(scheme: str) -> Iterator[_Emulator]:
+    """An object-store emulator of ``scheme`` on a free local port (moto's S3 server;
+    gcp-storage-emulator for GCS) and this process's environment pointing at it, while the
+    block runs; the test is skipped, saying what to install, where the packages are missing.
+    (Shared with tests/train/test_object_store_runs.py.)"""
     modules, install = NEEDS[scheme]
     missing = [m for m in modules if not _importable(m)]
     if missing:
@@ -180,6 +182,13 @@ def store(request):
             yield _Emulator(scheme, endpoint, env)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def store(request):
+    """:func:`emulated` for this module only."""
+    with emulated(request.param) as emulator:
+        yield emulator
 
 
 def _importable(module: str) -> bool:
