@@ -5,7 +5,7 @@ A GPU-only path (a Triton kernel, cuDNN's packed-sequence attention) is built an
 CPU -- in Triton's interpreter, in the program lowered for CUDA -- but that is not the GPU
 running it. ``auto`` chooses such a path only after its GPU parity test has passed here and
 the result is written into :data:`RECORD` (by hand, from a GPU session's ``summary.txt``; see
-README, "GPU hosts"). Until then ``auto`` takes the XLA path and the GPU-only one stays opt-in.
+docs, "GPU hosts"). Until then ``auto`` takes the XLA path and the GPU-only one stays opt-in.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ token at step ``i`` of row ``j`` draws from ``fold_in(fold_in(PRNGKey(seed), j),
 The cache holds the rotated keys and values of every layer, ``2 * L * max_len * d_kv`` numbers
 per row (:func:`cache_bytes`). Low-rank archs could hold the r-wide k/v latents instead
 (:func:`latent_cache_bytes`), but RoPE sits after the up factor, so every step would re-run
-``B_k`` and RoPE over the whole prefix; see the README's "Generating text".
+``B_k`` and RoPE over the whole prefix; see docs/guides/generate.md, "Generating text".
 """
 
 from __future__ import annotations
