@@ -151,7 +151,13 @@ class _Run:
         train/data_state.py) before any array is read."""
         where = str(self.ckpt.directory)
         check_resume(meta.get("config", {}), self.config, where)
-        data_state.position(meta, self.rows, self.config.data.packing, where)
+        self._position(meta, where)
+
+    def _position(self, meta: dict, where: str) -> dict:
+        """This process's data position in a checkpoint (train/data_state.py)."""
+        data = self.config.data
+        return data_state.position(meta, self.rows, data.packing, where, data_state.same_groups(
+            meta, self.t.batch_size, data.packing_bins))
 
     def global_batch(self, local: dict, rows: int | None = None) -> dict:
         """``local`` (this process's rows) on the devices, as a global batch of ``rows``
@@ -168,8 +174,7 @@ class _Run:
                                                 check_meta=self._check_meta)
         if restored is not None:
             state = from_checkpoint_layout(model, opt, restored.state)
-            self.train_it.set_state(data_state.position(
-                restored.meta, self.rows, self.config.data.packing, str(self.ckpt.directory)))
+            self.train_it.set_state(self._position(restored.meta, str(self.ckpt.directory)))
             say(f"resumed from {self.ckpt.directory / str(restored.step)} at step "
                 f"{restored.step}")
             return state, restored.step

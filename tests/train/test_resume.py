@@ -149,10 +149,39 @@ def test_each_process_resumes_its_own_packed_stream(packing_data, monkeypatch):
     with pytest.raises(ResumeMismatch, match=r"written by 2 process\(es\) reading rows 0-4, "
                                              r"4-8, and this run reads rows 0-8 in process 0 "
                                              r"of 1: with Data.packing='document'"):
-        data_state.position(meta, (0, 8), "document", "W")
+        data_state.position(meta, (0, 8), "document", "W")  # (another batch or bins)
     concat = {"data_state": {"processes": [{"process": 0, "rows": [0, 4], "state": {"n": 3}},
                                            {"process": 1, "rows": [4, 8], "state": {"n": 3}}]}}
     assert data_state.position(concat, (0, 8), "concat", "W") == {"n": 3}
     older = {"data_state": {"n": 3}, "process_count": 1}  # before every process's state was kept
     assert data_state.position(older, (0, 8), "document", "W") == {"n": 3}
 
+
+
+@pytest.mark.parametrize("processes", [1, 4])
+def test_a_packed_stream_resumes_on_another_process_count(packing_data, monkeypatch, processes):
+    """Document packing, global batch 8 in 2 groups of 4 rows: a checkpoint of 2 processes
+    (rows 0-4, 4-8) resumes on 1 process (both groups) and on 4 (rows 0-2, 2-4, ...: half a
+    group each) with every row of every later global batch what the 2 processes would read."""
+    ds = open_dataset(Data(path=str(packing_data), packing="document", packing_bins=4))
+    its = [train_iterator(ds, 32, 8, 0, r) for r in ((0, 4), (4, 8))]
+    for it in its:
+        _batches(it, 3)
+    meta = {"data_state": {"processes": [
+        {"process": p, "rows": [4 * p, 4 * p + 4], "state": it.get_state()}
+        for p, it in enumerate(its)]}, "process_count": 2, "worker_count": 0,
+        "config": {"Train": {"batch_size": 8}, "Data": {"packing_bins": 4}}}
+    after = [_batches(it, 3) for it in its]
+    expected = [{k: np.concatenate([a[k], b[k]]) for k in a} for a, b in zip(*after)]
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    per = 8 // processes
+    for p in range(processes):
+        rows = (p * per, (p + 1) * per)
+        monkeypatch.setattr(jax, "process_index", lambda p=p: p)
+        it = train_iterator(ds, 32, 8, 0, rows)
+        it.set_state(data_state.position(meta, rows, "document", "W",
+                                         data_state.same_groups(meta, 8, 4)))
+        assert _same(_batches(it, 3), [{k: v[slice(*rows)] for k, v in b.items()}
+                                       for b in expected])
+    assert data_state.same_groups(meta, 16, 4) is None  # other groups: refused, as before
+    assert data_state.same_groups({**meta, "worker_count": 2}, 8, 4) is None
