@@ -20,7 +20,9 @@ a checkpoint (train/signals.py).
 
 Operating a run: each step's report and the pauses feed the goodput account
 (train/report.py, train/goodput.py) and the hang watchdog (train/watchdog.py), which watches
-the training loop only; ``Train.profile_steps`` steps are traced (train/profiling.py).
+the training loop only; ``Train.profile_steps`` steps are traced (train/profiling.py). With
+the checkpoints on an object store, the run's small files (config, metrics) are copied beside
+them, and a fresh workdir starts from those copies (train/run_files.py).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from boost_jax.train.progress import compiling, duration, say
 from boost_jax.train.report import Diverged
 from boost_jax.train.report import Reporter as _Reporter
 from boost_jax.train.resume import check_resume
+from boost_jax.train.run_files import RunFiles
 from boost_jax.train.samples import Sampler, check_sample_size, host_params
 from boost_jax.train.signals import StopRequest
 from boost_jax.train.step import (
@@ -143,6 +146,7 @@ class _Run:
             workdir.mkdir(parents=True, exist_ok=True)
         self.ckpt = Checkpointer(checkpoint_dir or workdir / "checkpoints", t.keep_checkpoints,
                                  checkpoint_async)
+        self.run_files = RunFiles(workdir, self.ckpt.directory, enabled=self.lead)
         self.meta = {"config": config.to_dict(), "process_count": jax.process_count(),
                      "worker_count": config.data.worker_count}  # + "data_state" at each save
 
@@ -193,6 +197,7 @@ class _Run:
         account of the run's history (train/goodput.py)."""
         t, mesh = self.t, self.model.mesh
         if self.lead:  # (the time of the processes before, read before the rewind)
+            self.run_files.fetch()  # on a fresh node: the history kept beside the checkpoints
             _write_config(self.workdir, self.config)
             self.goodput.resume(read_history(self.workdir / "metrics.jsonl"), start)
         wandb = (WandbRun(self.workdir, self.config.to_dict(), t.wandb_project, t.wandb_name)
@@ -217,6 +222,7 @@ class _Run:
         self.report = _Reporter(self.writer, t, tokens, flops,
                                 peak_flops(kind, t.dtype, t.peak_tflops), self.goodput,
                                 self.watchdog)
+        self.run_files.upload()
 
     def evaluate(self, step: int, params: dict) -> float | None:
         if not self.evals:
@@ -246,6 +252,7 @@ class _Run:
             position = data_state.gather(self.train_it.get_state(), self.rows)
             self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
                            {**self.meta, "data_state": position}, wait=wait)
+            self.run_files.upload()  # the metrics to this step, beside the checkpoint
 
     def train(self, state: dict, start: int, stop: StopRequest) -> tuple[dict, int, float | None]:
         """Steps until ``Train.steps`` or an agreed stop (:attr:`signal`). Metrics of step
@@ -300,6 +307,7 @@ class _Run:
         self.train_it.close()  # (its prefetch thread)
         self.ckpt.close()
         self.writer.close()
+        self.run_files.upload()
 
 
 def _check_writable(workdir: Path) -> None:

@@ -292,6 +292,40 @@ def test_a_save_never_committed_is_removed_at_start(store, tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_run_files_folder_is_never_a_step(store, tmp_path, monkeypatch):
+    """``<checkpoint_dir>/run/`` (the run's files, train/run_files.py) beside the steps: never
+    listed as a step (by the checkpointer or boost_jax.eval's listing), never removed as an
+    unfinished save, never moved aside with a damaged step, never deleted by ``keep``."""
+    from boost_jax.train.run_files import RunFiles
+    from boost_jax.train.trained import checkpoint_steps
+
+    monkeypatch.chdir(tmp_path)
+    bucket = store.bucket("runfiles")
+    url = f"{bucket.url}/ckpt"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.gin").write_text("Train.steps = 8\n")
+    (work / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    assert RunFiles(work, url).upload() == ["config.gin", "metrics.jsonl"]
+    files = {k: store.read(bucket.name, k) for k in bucket.keys("ckpt/run/")}
+    assert sorted(files) == ["ckpt/run/config.gin", "ckpt/run/metrics.jsonl"]
+    ckpt = Checkpointer(url, keep=2)
+    for step in (2, 4):
+        ckpt.save(step, _state(step), {}, wait=True)
+    ckpt.close()
+    bucket.rot("ckpt/4/state/")
+    again = Checkpointer(url, keep=2)  # (its clean-up of unfinished saves ran)
+    assert again.steps() == [2, 4] and checkpoint_steps(url) == [2, 4]
+    assert again.restore_latest(_target(_state(4))).step == 2
+    (moved,) = again.quarantined
+    assert moved.name.startswith("corrupt-4-")
+    for step in (6, 8):  # keep=2: orbax deletes step 2
+        again.save(step, _state(step), {}, wait=True)
+    again.close()
+    assert Checkpointer(url, keep=2).steps() == [6, 8] and checkpoint_steps(url) == [6, 8]
+    assert {k: store.read(bucket.name, k) for k in bucket.keys("ckpt/run/")} == files
+
+
 @pytest.mark.slow
 def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data, tmp_path):
     """``python -m boost_jax.train`` with its checkpoints on the object store: SIGKILL while

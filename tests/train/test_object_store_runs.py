@@ -1,14 +1,17 @@
 """A run whose checkpoints are on an object store (``--checkpoint_dir=s3://...``), used as a
-user does: its checkpoints read back by ``boost_jax.export`` and ``boost_jax.generate`` from
-the bucket (no local workdir), equal to the same checkpoint read from a local directory.
+user does: restarted on a fresh machine (an empty workdir) it keeps its history from the
+run's files beside the checkpoints (train/run_files.py); its checkpoints are read back by
+``boost_jax.export``, ``boost_jax.generate`` and ``boost_jax.eval`` from the bucket (no local
+workdir), equal to the same checkpoint read from a local directory.
 
 One tiny training run on moto's S3 server (started here: tests/train/test_object_store.py's
-:func:`emulated`), shared by the module's tests."""
+:func:`emulated`), restarted once on a new workdir, shared by the module's tests."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +24,13 @@ from boost_jax.commands import generate as generate_cli
 from boost_jax.errors import ConfigError
 from boost_jax.interop.export import load_export
 from boost_jax.testing import tiny
+from boost_jax.train.goodput import read_history
 from boost_jax.train.loop import run
+from boost_jax.train.run_files import RunFiles
 from boost_jax.train.trained import checkpoint_steps, load_trained, trained_config
 from tests.interop.test_export import assert_params_equal
 from tests.train.test_object_store import _Bucket, _Emulator, emulated
-from tests.train.test_trainer import _config
+from tests.train.test_trainer import _config, _losses
 
 PROMPTS = ["ROMEO:", "The king"]
 
@@ -37,6 +42,9 @@ class S3Run:
     prefix: str  # the checkpoints' key prefix in the bucket
     url: str  # --checkpoint_dir
     local: Path  # the same checkpoints, downloaded to a local directory
+    ref: Path  # the workdir of the same run, uninterrupted, with local checkpoints
+    first: str  # the metrics.jsonl of the first process (its workdir was then deleted)
+    work: Path  # the workdir of the process that resumed it
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +63,107 @@ def _download(bucket: _Bucket, prefix: str, dest: Path) -> None:
 
 @pytest.fixture(scope="module")
 def s3_run(store, tiny_data, tmp_path_factory) -> S3Run:
-    """Tiny CoLA trained 6 steps on one device, checkpoints at 3 and 6 in the bucket only;
-    then downloaded to a local directory."""
+    """Tiny CoLA trained to step 4 on one device, checkpoints at 3 and 4 in the bucket only;
+    checkpoint 4 then lost (deleted from the bucket) and the workdir too, as when a machine
+    dies: resumed to step 6 in a new, empty workdir with the same --checkpoint_dir (from 3;
+    checkpoint 6). The checkpoints are then downloaded to a local directory. Beside it, the
+    same run uninterrupted in one local workdir."""
     bucket = store.bucket("runs")
     prefix = "team/run1/checkpoints"
     url = f"{bucket.url}/{prefix}"
     root = tmp_path_factory.mktemp("s3_run")
-    config = _config(tiny_data, 6, model=tiny("cola", n_kv_heads=8), schedule_steps=6,
-                     checkpoint_every=3)  # (CoLA's own layout has no grouped-query attention)
-    run(config, root / "work", jax.devices()[:1], checkpoint_async=False, checkpoint_dir=url)
-    assert bucket.committed(prefix) == [3, 6] and not (root / "work" / "checkpoints").exists()
+    one = jax.devices()[:1]
+
+    def config(steps):  # (CoLA's own layout has no grouped-query attention: export)
+        return _config(tiny_data, steps, model=tiny("cola", n_kv_heads=8), schedule_steps=6,
+                       checkpoint_every=3)
+
+    run(config(6), root / "ref", one)
+    run(config(4), root / "first", one, checkpoint_dir=url)
+    assert bucket.committed(prefix) == [3, 4] and not (root / "first" / "checkpoints").exists()
+    first = (root / "first" / "metrics.jsonl").read_text()
+    bucket.emulator.s3.delete_objects(Bucket=bucket.name, Delete={"Objects": [
+        {"Key": k} for k in bucket.keys(f"{prefix}/4/")]})
+    shutil.rmtree(root / "first")
+    summary = run(config(6), root / "second", one, checkpoint_dir=url)
+    assert (summary.start_step, summary.step) == (3, 6)
+    assert bucket.committed(prefix) == [3, 6]
     _download(bucket, prefix, root / "local")
-    return S3Run(store, bucket, prefix, url, root / "local")
+    return S3Run(store, bucket, prefix, url, root / "local", root / "ref", first,
+                 root / "second")
+
+
+def test_a_restart_on_a_fresh_workdir_keeps_the_history(s3_run):
+    """The resumed process's new workdir starts from the bucket's copy of the metrics: steps
+    1..6 logged once each, the losses of the uninterrupted run (bit for bit), step 4's first
+    record moved aside, its time counted as lost to the restart and the first process's time
+    kept in the goodput account; the bucket holds the run's files as the workdir has them."""
+    work, bucket, prefix = s3_run.work, s3_run.bucket, s3_run.prefix
+    rows = read_history(work / "metrics.jsonl")
+    assert sorted(r["step"] for r in rows if "loss" in r) == [1, 2, 3, 4, 5, 6]
+    assert _losses(work) == _losses(s3_run.ref)
+    first = [json.loads(line) for line in s3_run.first.splitlines()]
+    (lost_step,) = [r for r in first if r["step"] == 4 and "loss" in r]
+    assert lost_step in read_history(work / "metrics.rewound-3.jsonl")
+    goodput = [r for r in rows if "goodput/wall_s" in r]
+    first_wall = [r for r in first if "goodput/wall_s" in r][-1]["goodput/wall_s"]
+    assert goodput[-1]["goodput/lost_s"] == lost_step["step_time"]
+    assert goodput[0]["step"] == 3 and goodput[0]["goodput/wall_s"] > first_wall
+    assert bucket.keys(f"{prefix}/run/") == [f"{prefix}/run/{name}" for name in
+                                             ("config.gin", "config.json", "metrics.jsonl")]
+    for name in ("config.gin", "metrics.jsonl"):
+        assert bucket.emulator.read(bucket.name, f"{prefix}/run/{name}") == (
+            work / name).read_bytes()
+
+
+def test_the_run_files_rules(store, tmp_path, monkeypatch, caplog):
+    """What :class:`RunFiles` copies: down, the bucket's metrics to a workdir without any or
+    with a history that ends earlier (kept aside), never over one that ends later; up, only
+    what changed; nothing for local checkpoints; a store that fails is a warning, and one that
+    cannot be read at start is never written over."""
+    bucket = store.bucket("rules")
+    url = f"{bucket.url}/ckpt"
+    remote = "ckpt/run"
+    lines = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 6))
+    bucket.emulator.write(bucket.name, f"{remote}/metrics.jsonl", lines.encode())
+    bucket.emulator.write(bucket.name, f"{remote}/wandb_run_id", b"abc123\n")
+    fresh, stale, ahead = (tmp_path / n for n in ("fresh", "stale", "ahead"))
+    for work in (fresh, stale, ahead):
+        work.mkdir()
+    assert RunFiles(fresh, url).fetch() == ["metrics.jsonl", "wandb_run_id"]
+    assert (fresh / "metrics.jsonl").read_text() == lines
+    assert (fresh / "wandb_run_id").read_text() == "abc123\n"
+    (stale / "metrics.jsonl").write_text('{"step": 2, "loss": 0.5}\n')
+    assert RunFiles(stale, url, enabled=False).fetch() == []  # processes other than 0
+    assert RunFiles(stale, url).fetch()[0] == "metrics.jsonl"
+    assert (stale / "metrics.stale-2.jsonl").read_text() == '{"step": 2, "loss": 0.5}\n'
+    assert (stale / "metrics.jsonl").read_text() == lines
+    (ahead / "metrics.jsonl").write_text('{"step": 7, "loss": 0.5}\n')
+    assert RunFiles(ahead, url).fetch() == ["wandb_run_id"]
+    assert sorted(p.name for p in ahead.iterdir()) == ["metrics.jsonl", "wandb_run_id"]
+
+    files = RunFiles(ahead, url)
+    assert files.upload() == ["metrics.jsonl", "wandb_run_id"] and files.upload() == []
+    with (ahead / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 8, "loss": 0.4}\n')
+    assert files.upload() == ["metrics.jsonl"]
+    assert bucket.emulator.read(bucket.name, f"{remote}/metrics.jsonl") == (
+        ahead / "metrics.jsonl").read_bytes()
+    assert RunFiles(ahead, tmp_path / "local_ckpt").upload() == []  # local checkpoints: no copy
+
+    def unreachable(*args, **kwargs):
+        raise OSError("connection refused")
+
+    monkeypatch.setattr("etils.epath.gpath.PosixGPath.write_bytes", unreachable)
+    assert RunFiles(ahead, url).upload() == []
+    assert "could not copy config.gin" not in caplog.text  # (no such file in the workdir)
+    assert "could not copy metrics.jsonl to s3://rules/ckpt/run (connection refused)" in (
+        caplog.text)
+    monkeypatch.setattr("etils.epath.gpath.PosixGPath.read_bytes", unreachable)
+    blind = RunFiles(tmp_path / "fresh2", url)
+    (tmp_path / "fresh2").mkdir()
+    assert blind.fetch() == [] and blind.remote is None and blind.upload() == []
+    assert "could not read the run's files in s3://rules/ckpt/run" in caplog.text
 
 
 def test_export_reads_the_checkpoint_dir_on_the_bucket(s3_run, tmp_path, capsys):
@@ -81,6 +178,7 @@ def test_export_reads_the_checkpoint_dir_on_the_bucket(s3_run, tmp_path, capsys)
     assert cfg.arch == "cola"
     assert_params_equal(ref, got)  # bit for bit
     assert_params_equal(load_trained(checkpoint_dir=s3_run.url).params, got)
+    assert_params_equal(load_trained(s3_run.ref).params, got)  # the resume: bit for bit
     config = (tmp_path / "s3" / "config.json").read_text()
     assert f'"checkpoint_dir": "{s3_run.url}"' in config and '"workdir"' not in config
 
