@@ -1,8 +1,12 @@
 """Checkpoints on an object store, end to end, against local emulators this module starts
 (moto's S3 server; gcp-storage-emulator for GCS): saved and listed in the bucket (nothing on
 the local disk), chunk checksums on, a damaged chunk object quarantined with every object
-moved, a save killed before its commit removed, and a trainer killed with SIGKILL that resumes
-exactly.
+moved, a save killed before its commit removed, the run's files folder (``run/``) never taken
+for a step, and a trainer killed with SIGKILL that resumes exactly on a fresh workdir.
+
+gcp-storage-emulator sends no ``x-goog-generation`` header with an object's bytes, which
+TensorStore's gcs driver reads the generation from (GCS sends it): the fixture adds it
+(:func:`_send_generations`), without which the trainer's saves on ``gs://`` fail.
 
 Each scheme needs its extra and its emulator (``pip install 'boost_jax[s3]' 'moto[server]'``,
 ``pip install 'boost_jax[gcs]' gcp-storage-emulator``) and is skipped with that reason
@@ -20,6 +24,7 @@ import signal
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +40,6 @@ MARKER = "commit_success.txt"  # orbax's commit marker of a step saved in place
 NEEDS = {"s3": (("s3fs", "moto", "boto3"), "pip install 'boost_jax[s3]' 'moto[server]'"),
          "gs": (("gcsfs", "google.cloud.storage", "gcp_storage_emulator"),
                 "pip install 'boost_jax[gcs]' gcp-storage-emulator")}
-
-#: why the trainer's run is not tested on gs:// (the checkpointer's tests are)
-GCS_EMULATOR_GAP = (
-    "gcp-storage-emulator sends no x-goog-generation header with a media download, so "
-    "TensorStore's gcs driver takes generation 0 and its revalidating re-read of an OCDBT "
-    "manifest (the trainer's saves) fails 'Malformed StorageGeneration'; GCS sends the header")
 
 
 class _Bucket:
@@ -171,17 +170,48 @@ def emulated(scheme: str) -> Iterator[_Emulator]:
     missing = [m for m in modules if not _importable(m)]
     if missing:
         pytest.skip(f"checkpoints on {scheme}:// need {', '.join(missing)}: {install}")
-    server, endpoint, env = _start(scheme)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
+        if scheme == "gs":
+            _send_generations(mp)
+        server, endpoint, env = _start(scheme)
+        try:
             for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGION",
                          "AWS_SESSION_TOKEN"):
                 mp.delenv(name, raising=False)
             for name, value in env.items():
                 mp.setenv(name, value)
             yield _Emulator(scheme, endpoint, env)
-    finally:
-        server.stop()
+        finally:
+            server.stop()
+
+
+def _send_generations(mp: pytest.MonkeyPatch) -> None:
+    """gcp-storage-emulator's media downloads with the ``x-goog-generation`` and
+    ``x-goog-metageneration`` headers that GCS sends with every object's bytes (the emulator
+    omits them): TensorStore's gcs driver takes a read's generation from that header alone,
+    and without it its revalidating re-read of an OCDBT manifest fails "Malformed
+    StorageGeneration". The emulator's HTTP server is single-threaded, so the object's record
+    read here is that of the bytes just served."""
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    download = objects.download
+
+    def with_generation(request, response, storage, *args, **kwargs):
+        download(request, response, storage, *args, **kwargs)
+        if response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            obj = storage.get_file_obj(request.params["bucket_name"],
+                                       request.params["object_id"])
+            response["x-goog-generation"] = str(obj["generation"])
+            response["x-goog-metageneration"] = str(obj["metageneration"])
+
+    mp.setattr(objects, "download", with_generation)  # objects.get(alt=media) calls it
+    mp.setattr(server, "HANDLERS", tuple(
+        (regex, {method: with_generation if handler is download else handler
+                 for method, handler in handlers.items()})
+        for regex, handlers in server.HANDLERS))
 
 
 @pytest.fixture(scope="module", params=["s3", "gs"])
@@ -329,12 +359,12 @@ def test_the_run_files_folder_is_never_a_step(store, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data, tmp_path):
     """``python -m boost_jax.train`` with its checkpoints on the object store: SIGKILL while
-    checkpoint 6 is being committed, then a plain resume: the losses of an uninterrupted run
-    (fp32), the unfinished save removed. Then a chunk object of the newest checkpoint (10) is
-    damaged in the bucket: the next run moves that step aside (every object), resumes from 8
-    and trains steps 9 and 10 to the same losses again."""
-    if store.scheme == "gs":
-        pytest.skip(GCS_EMULATOR_GAP)
+    checkpoint 6 is being committed, then a resume on a fresh machine (a new, empty workdir;
+    the same --checkpoint_dir): the unfinished save removed, the run's history taken from the
+    bucket (train/run_files.py) and steps 1..10 logged once each, with the losses of an
+    uninterrupted run (fp32). Then a chunk object of the newest checkpoint (10) is damaged in
+    the bucket: the next run moves that step aside (every object), resumes from 8 and trains
+    steps 9 and 10 to the same losses again."""
     gin = [*_tiny_gin(tiny_data), "Train.steps=10", "Train.schedule_steps=10",
            "Train.checkpoint_every=2", "Parallel.data=1", "Parallel.tensor=1",
            "Parallel.tp_plan='none'"]
@@ -344,16 +374,16 @@ def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data
     assert out.returncode == 0, out.stderr[-2000:]
     bucket = store.bucket("train")
     url = f"{bucket.url}/run/checkpoints"
-    work = tmp_path / "work"
+    work, fresh = tmp_path / "work", tmp_path / "fresh"  # the second machine's workdir
     env = dict(_env(), **store.env, PYTHONPATH=os.pathsep.join(
         [FAULTS, *filter(None, [os.environ.get("PYTHONPATH")])]))
 
-    def train(**fault: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*_cmd(work, *gin), f"--checkpoint_dir={url}"],
+    def train(workdir: Path = fresh, **fault: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*_cmd(workdir, *gin), f"--checkpoint_dir={url}"],
                               capture_output=True, text=True,
                               env=dict(env, **fault), timeout=600, cwd=tmp_path)
 
-    out = train(BOOST_JAX_FAULT_KILL="6:commit")
+    out = train(work, BOOST_JAX_FAULT_KILL="6:commit")
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     assert bucket.committed("run/checkpoints") == [2, 4]
     assert bucket.keys("run/checkpoints/6/")  # written, not committed
@@ -362,8 +392,8 @@ def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data
     assert "removed 1 unfinished checkpoint save(s) of an earlier run: 6" in out.stderr
     assert f"resumed from {url}/4 at step 4" in out.stdout
     assert bucket.committed("run/checkpoints") == [6, 8, 10]
-    assert _losses(work) == _losses(ref)
-    assert not (work / "checkpoints").exists() and not list(tmp_path.glob(f"{store.scheme}*"))
+    assert _logged_once(fresh) and _losses(fresh) == _losses(ref)
+    assert not (fresh / "checkpoints").exists() and not list(tmp_path.glob(f"{store.scheme}*"))
 
     before = bucket.keys("run/checkpoints/10/")
     bucket.rot("run/checkpoints/10/state/")
@@ -377,4 +407,13 @@ def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data
     assert [k.replace(f"/{moved}/", "/10/") for k in
             bucket.keys(f"run/checkpoints/{moved}/")] == before
     assert bucket.committed("run/checkpoints") == [6, 8, 10]
-    assert _losses(work) == _losses(ref)
+    assert _logged_once(fresh) and _losses(fresh) == _losses(ref)
+    assert store.read(bucket.name, "run/checkpoints/run/metrics.jsonl") == (
+        fresh / "metrics.jsonl").read_bytes()
+
+
+def _logged_once(workdir: Path) -> bool:
+    """Whether ``workdir``'s metrics.jsonl logs each step's loss once (steps 1..n)."""
+    steps = [r["step"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text()
+                                    .splitlines()) if "loss" in r]
+    return steps == list(range(1, len(steps) + 1))
