@@ -16,6 +16,7 @@ against an older checkpoint code (which made ``s3://...`` a local directory) and
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import json
 import logging
@@ -173,6 +174,7 @@ def emulated(scheme: str) -> Iterator[_Emulator]:
     with pytest.MonkeyPatch.context() as mp:
         if scheme == "gs":
             _send_generations(mp)
+        _forget_clients()
         server, endpoint, env = _start(scheme)
         try:
             for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGION",
@@ -183,6 +185,18 @@ def emulated(scheme: str) -> Iterator[_Emulator]:
             yield _Emulator(scheme, endpoint, env)
         finally:
             server.stop()
+            _forget_clients()
+
+
+def _forget_clients() -> None:
+    """Drop the object-store filesystems that fsspec and epath keep for the process: they
+    hold the endpoint of the emulator they were made for (another module's, stopped)."""
+    from etils.epath import backend
+
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    for module, cls in (("s3fs", "S3FileSystem"), ("gcsfs", "GCSFileSystem")):
+        if _importable(module):
+            getattr(importlib.import_module(module), cls).clear_instance_cache()
 
 
 def _send_generations(mp: pytest.MonkeyPatch) -> None:
