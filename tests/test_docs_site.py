@@ -139,6 +139,8 @@ def test_mkdocs_build_strict(tmp_path):
     reference lists every field, and the notebooks' cells are in their pages."""
     from boost_jax.gin_io import describe_fields
 
+    for name in ("mkdocs", "material", "mkdocstrings"):  # the docs extra (in the test extra,
+        pytest.importorskip(name, reason="pip install 'boost_jax[docs]'")  # so CI has them)
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
