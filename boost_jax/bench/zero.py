@@ -58,7 +58,8 @@ def state_mib(config: Config) -> dict[str, float]:
 
 def bench_layout(config: Config, zero: int, accum: int, steps: int) -> dict:
     parallel = dataclasses.replace(config.parallel, zero=zero, grad_accum=accum)
-    config = Config(config.model, parallel, config.train, config.data)
+    train = dataclasses.replace(config.train, micro_batch_size=None)  # (it would set accum)
+    config = Config(config.model, parallel, train, config.data)
     rep = measure(config, steps)
     data = rep["per_axis"].get("data", {"count": 0, "wire_bytes": 0.0})
     return {"zero": zero, "grad_accum": accum, **state_mib(config),

@@ -27,6 +27,7 @@ them, and a fresh workdir starts from those copies (train/run_files.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -304,7 +305,6 @@ class _Run:
         return state, step, eval_loss
 
     def close(self) -> None:
-        self.train_it.close()  # (its prefetch thread)
         self.ckpt.close()
         self.writer.close()
         self.run_files.upload()
@@ -346,29 +346,30 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     _check_writable(workdir)
     with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir)
-        state, start = r.restore(fresh_start)
-        if start >= config.train.steps:
-            return _nothing_to_do(r, start)
-        r.compile(start)
-        diverged = None
-        try:
-            with r.profiler, r.watchdog:  # the steps are profiled, and watched for hangs
-                state, step, eval_loss = r.train(state, start, stop)
-        except Diverged as err:  # nothing is saved over the last good checkpoint
-            diverged, step, eval_loss = str(err), r.step, None
-        interrupted = r.signal or None
-        if diverged is None:
-            r.checkpoint(step, state, wait=True)
-            if interrupted is not None:
-                logging.warning("stopped by signal %d after step %d; checkpoint saved -- rerun "
-                                "the same command to resume", interrupted, step)
-            else:
-                eval_loss = r.evaluate(step, state["params"])
-                if config.train.sample_every:
-                    r.sample(step, state["params"])
-        goodput = r.goodput.record()
-        r.writer.write(step, goodput, prefix="")
-        r.close()
+        with contextlib.closing(r.train_it):  # its prefetch thread ends, whatever happens
+            state, start = r.restore(fresh_start)
+            if start >= config.train.steps:
+                return _nothing_to_do(r, start)
+            r.compile(start)
+            diverged = None
+            try:
+                with r.profiler, r.watchdog:  # the steps are profiled, and watched for hangs
+                    state, step, eval_loss = r.train(state, start, stop)
+            except Diverged as err:  # nothing is saved over the last good checkpoint
+                diverged, step, eval_loss = str(err), r.step, None
+            interrupted = r.signal or None
+            if diverged is None:
+                r.checkpoint(step, state, wait=True)
+                if interrupted is not None:
+                    logging.warning("stopped by signal %d after step %d; checkpoint saved -- "
+                                    "rerun the same command to resume", interrupted, step)
+                else:
+                    eval_loss = r.evaluate(step, state["params"])
+                    if config.train.sample_every:
+                        r.sample(step, state["params"])
+            goodput = r.goodput.record()
+            r.writer.write(step, goodput, prefix="")
+            r.close()
     summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
                       str(r.ckpt.directory), str(r.writer.path), diverged)
     if diverged is not None:

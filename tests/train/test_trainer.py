@@ -254,3 +254,19 @@ def test_batches_go_to_the_devices_ahead_of_their_step(tiny_data, tmp_path, monk
     evals, train = threads[:1], threads[1:]  # (eval_batches=1, put when the run starts)
     assert evals == [threading.main_thread()] and len(train) >= 4
     assert (threading.main_thread() in train) == (depth == 0), train
+
+
+def test_the_prefetch_thread_ends_when_the_run_fails(tiny_data, tmp_path, monkeypatch):
+    """A run that raises (here its final checkpoint) leaves no prefetch thread behind holding
+    batches on the devices (in-process callers: notebooks, tests)."""
+    import threading
+
+    from boost_jax.train import loop
+
+    def failing(self, step, state, wait=False):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(loop._Run, "checkpoint", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        run(_config(tiny_data, 2), tmp_path / "run", jax.devices()[:1])
+    assert not [t for t in threading.enumerate() if t.name.startswith("grain-thread-prefetch")]
