@@ -44,6 +44,14 @@ def define_gin_flags() -> None:
                          "stopped answering is terminated")
 
 
+def define_checkpoint_dir_flag() -> None:
+    """``--checkpoint_dir`` of the commands that read a run's checkpoints (eval, export,
+    generate; train/trained.py)."""
+    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
+                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
+                        "<workdir>/checkpoints)")
+
+
 class QuietLibraries(pylogging.Filter):
     """INFO lines from boost_jax only; other libraries (orbax, jax) from WARNING up."""
 

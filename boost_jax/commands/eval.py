@@ -57,9 +57,7 @@ def define_flags() -> None:
     if "workdir" in FLAGS:
         return
     flags.DEFINE_string("workdir", None, "the training run to evaluate (its --workdir)")
-    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
-                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
-                        "<workdir>/checkpoints)")
+    cli.define_checkpoint_dir_flag()
     flags.DEFINE_integer("step", None, "the checkpoint to evaluate (default: the newest)")
     flags.DEFINE_string("data", None, "perplexity: a prepared dataset directory or "
                         "bundled:<name> whose eval split is scored (default: the run's "

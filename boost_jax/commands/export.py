@@ -31,7 +31,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from boost_jax.cli import run_app, user_error
+from boost_jax.cli import define_checkpoint_dir_flag, run_app, user_error
 from boost_jax.errors import ConfigError
 
 PROG = "boost_jax.export"
@@ -44,9 +44,7 @@ def define_flags() -> None:
     from boost_jax.interop.export import FORMATS
 
     flags.DEFINE_string("workdir", None, "the training run's --workdir")
-    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
-                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
-                        "<workdir>/checkpoints)")
+    define_checkpoint_dir_flag()
     flags.DEFINE_integer("step", None, "checkpoint step to export (default: the newest)")
     flags.DEFINE_string("out", None, "directory to write (created; see --overwrite)")
     flags.DEFINE_enum("format", "auto", FORMATS, "auto (by Model.arch) | hf "

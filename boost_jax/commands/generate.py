@@ -31,7 +31,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from boost_jax.cli import run_app, user_error
+from boost_jax.cli import define_checkpoint_dir_flag, run_app, user_error
 from boost_jax.config import DTYPES, ConfigError
 
 PROG = "boost_jax.generate"
@@ -41,9 +41,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """The command's flags."""
     flags.DEFINE_string("workdir", None, "the training run's --workdir (holding checkpoints/)")
-    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
-                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
-                        "<workdir>/checkpoints)")
+    define_checkpoint_dir_flag()
     flags.DEFINE_multi_string("prompt", [], "text to continue; repeat the flag for several")
     flags.DEFINE_integer("step", None, "checkpoint step to load (default: the newest)")
     flags.DEFINE_integer("max_new_tokens", 64, "most tokens generated per sample")
@@ -92,8 +90,8 @@ def generate_texts(workdir: str | Path | None, prompts: list[str], step: int | N
     from boost_jax.models.decode import generate
     from boost_jax.train.trained import load_trained
 
-    check_args(str(workdir or checkpoint_dir or "") or None, prompts, max_new_tokens,
-               temperature, top_p, num_samples, dtype)
+    check_args(workdir or checkpoint_dir, prompts, max_new_tokens, temperature, top_p,
+               num_samples, dtype)
     trained = load_trained(workdir, step, checkpoint_dir)
     tokenizer = trained.tokenizer()
     encoded = tokenizer.encode_batch(prompts)
