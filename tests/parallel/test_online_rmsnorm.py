@@ -89,9 +89,13 @@ def _rel_rms(a, b) -> float:
 def test_each_token_gets_the_gain_of_an_fp32_statistic(seed):
     """bf16, heavy-tailed activations over 4 decades, btp TP=4: the gain ``1 / rho`` each token
     gets from the online norm's statistic -- its fp32 sum of squares through the fused bf16
-    all-reduce, as ``online_norm_down`` sends and reads it -- is within 1.1x (RMS relative
+    all-reduce, as ``online_norm_down`` sends and reads it -- is within 1.25x (RMS relative
     error against fp64) of a standard bf16 RMSNorm's, whose statistic is computed in fp32;
-    rounded to bf16 (``norm_payload='compute'``) it is four orders of magnitude worse."""
+    rounded to bf16 (``norm_payload='compute'``) it is four orders of magnitude worse. Both
+    errors are fp32 rounding (about 4e-8), so their ratio moves with XLA:CPU's code for the
+    fp32 reductions and ``rsqrt``: 1.03 and 0.98 (seeds 0, 1) at XLA's default level, 1.09
+    and 1.10 at the suite's LLVM -O0 (tests/conftest.py), on jax 0.10.2 and 0.12.0.1 alike;
+    the bf16-rounded statistic is 25,000x."""
     x = _heavy_tailed(seed=seed)[0]
     d = x.shape[-1]
     x64 = np.asarray(x, np.float64)[0]
@@ -105,7 +109,7 @@ def test_each_token_gets_the_gain_of_an_fp32_statistic(seed):
             return jax.lax.rsqrt(global_stat(total, stat) / d + EPS)
         return _rel_rms(_over_tensor(gain, x)[0, :, 0], exact)
 
-    assert online("lanes") <= 1.1 * standard, (online("lanes") / standard)
+    assert online("lanes") <= 1.25 * standard, (online("lanes") / standard)
     assert online("compute") > 1000 * standard
 
 
