@@ -128,3 +128,17 @@ def test_docs_copies_of_bench_model_paper_are_its_output():
         assert re.search(re.escape(f"| {row.group(1)} |") + r"(?: \d+ \|)? " +
                          re.escape(" | ".join(pairs)) + r" \|", paper), (
             f"docs/paper.md: the row {row.group(1)} is not {pairs}")
+
+
+def test_low_rank_checkpointing_row():
+    """Results: low-rank checkpointing's temporary memory at the 7B shape against ``none``'s,
+    jaxlib 0.10.2 (2 layers) -- the figures tests/parallel/test_remat.py asserts on that
+    version."""
+    from tests.parallel.test_remat import MEASURED_MIB
+
+    row = re.search(r"\| low-rank checkpointing, 7B shape \| ([\d.]+) of `none`'s temporary "
+                    r"memory with identical tensor-axis traffic \(`full`: ([\d.]+),", README)
+    assert row, "the README's low-rank checkpointing row changed: update this test with it"
+    mib = MEASURED_MIB["0.10.2"]
+    assert float(row.group(1)) == round(mib["lowrank"][0] / mib["none"][0], 2)
+    assert float(row.group(2)) == round(mib["full"][0] / mib["none"][0], 2)
