@@ -25,10 +25,23 @@ def _reference(arch):
     return model, params, inputs, targets, loss_and_grads(model, SINGLE, params, inputs, targets)
 
 
-@pytest.mark.parametrize("arch", ["cola", "svd", "lax"])
-@pytest.mark.parametrize("remat", ["lowrank", "full"])
-@pytest.mark.parametrize("layout", ["single", "btp"])
+def _covering(cases, covering):
+    """``cases`` with those outside ``covering`` slow-marked (the full matrix: ``-m slow``)."""
+    return [c if c in covering else pytest.param(*c, marks=pytest.mark.slow) for c in cases]
+
+
+#: every arch with every policy, each policy and each arch on both layouts
+GRADIENT_CASES = _covering(
+    [(arch, remat, layout) for arch in ("cola", "svd", "lax") for remat in ("lowrank", "full")
+     for layout in ("single", "btp")],
+    {("cola", "lowrank", "single"), ("cola", "full", "btp"), ("svd", "lowrank", "btp"),
+     ("svd", "full", "single"), ("lax", "lowrank", "btp"), ("lax", "full", "single")})
+
+
+@pytest.mark.parametrize("arch, remat, layout", GRADIENT_CASES)
 def test_gradients_are_exact(arch, remat, layout):
+    """Each policy's gradients equal the single-device model's without checkpointing (fp32,
+    <= 1e-5), on one device and under btp (data=2 x tensor=4)."""
     model, params, inputs, targets, (ref_loss, ref_grads) = _reference(arch)
     if layout == "single":
         parallel = Parallel(data=1, tensor=1, tp_plan="none", remat=remat)
@@ -58,13 +71,25 @@ def _tensor_traffic(plan, remat, arch="cola"):
     return rep["per_axis"]["tensor"]
 
 
-@pytest.mark.parametrize("plan, arch", [("btp", "cola"), ("vanilla", "cola"),
-                                        ("vanilla", "lax"), ("fullrank", "dense")])
+PLANS = [("btp", "cola"), ("vanilla", "cola"), ("vanilla", "lax"), ("fullrank", "dense")]
+
+
+@pytest.mark.parametrize("plan, arch", PLANS)
 def test_lowrank_adds_no_collective(plan, arch):
-    """``lax`` with its default crossing (Kronecker gate, latent norm): vanilla's gathers."""
-    none = _tensor_traffic(plan, "none", arch)
-    assert _tensor_traffic(plan, "lowrank", arch) == none
-    full = _tensor_traffic(plan, "full", arch)
+    """``lowrank`` sends exactly what ``none`` does over ``tensor`` (count and bytes, from the
+    compiled HLO), and both match the formula. ``lax`` with its default crossing (Kronecker
+    gate, latent norm): vanilla's gathers."""
+    assert _tensor_traffic(plan, "lowrank", arch) == _tensor_traffic(plan, "none", arch)
+
+
+#: full remat's replays with the formula for them: btp and Megatron here, vanilla LaX in
+#: tests/parallel/test_communication.py (the ungrouped bf16 check), vanilla CoLA in -m slow
+@pytest.mark.parametrize("plan, arch", _covering(PLANS, {("btp", "cola"),
+                                                         ("fullrank", "dense")}))
+def test_full_replays_the_forward_collectives(plan, arch):
+    """``full`` recomputes the forward pass in the backward, its collectives included: more
+    collectives and bytes than ``none``, each as the formula with replays says."""
+    none, full = _tensor_traffic(plan, "none", arch), _tensor_traffic(plan, "full", arch)
     assert full["count"] > none["count"] and full["bytes"] > none["bytes"]
 
 

@@ -371,6 +371,7 @@ def test_the_run_files_folder_is_never_a_step(store, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.emulator_run
 def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data, tmp_path):
     """``python -m boost_jax.train`` with its checkpoints on the object store: SIGKILL while
     checkpoint 6 is being committed, then a resume on a fresh machine (a new, empty workdir;
