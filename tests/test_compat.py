@@ -12,6 +12,9 @@ from jax._src.cudnn import fused_attention_stablehlo as fa
 from boost_jax import compat
 from boost_jax.analysis import lowered
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 
 def _attention_grad_text(q, k, v, packed: bool) -> str:
     def loss(q, k, v):

@@ -26,6 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden") / "quickstart.json"
 

@@ -7,6 +7,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import NamedSharding
 
 from boost_jax.config import Parallel, Train
@@ -21,6 +22,9 @@ from boost_jax.train.step import (
     abstract_state,
     make_train_step,
 )
+
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
 
 #: XLA's default backend optimization level (DefaultDebugOptionsIgnoringFlags in
 #: xla/debug_options_flags.cc)

@@ -28,6 +28,9 @@ from boost_jax.train.step import (
     make_train_step,
 )
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 _TEXT = """\
 module @jit_f attributes {mhlo.num_partitions = 8 : i32} {
   sdy.mesh @mesh = <["data"=2, "tensor"=4]>

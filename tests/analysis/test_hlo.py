@@ -5,6 +5,9 @@ import pytest
 
 from boost_jax.analysis.hlo import _groups, collectives, totals
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 MESH, NAMES = (2, 1, 4), ("data", "pipe", "tensor")
 
 HLO = """HloModule test

@@ -17,6 +17,9 @@ from boost_jax.models import attention
 from boost_jax.models.attention import Segments, packed_layout, reference_attention
 from boost_jax.testing import packed_segments
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 #: documents per row (lengths); the rest of the row (length SEQ) is padding
 ROWS = [(5, 7, 3), (9, 6), (24,), (1, 1, 2, 4, 1, 3)]
 SEQ = 24

@@ -14,6 +14,9 @@ from boost_jax.models.decoder import abstract_model, reference_logits
 from boost_jax.models.init import unflatten
 from boost_jax.testing import rel_err, tiny
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 PROMPTS = [[5, 17, 300, 2, 41], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12]]
 NEW = 6
 ARCHS = {"dense": tiny("dense"), "svd": tiny("svd"), "cola": tiny("cola"),

@@ -12,6 +12,9 @@ from boost_jax.models.init import flatten, init_params
 from boost_jax.models.projections import cola_std
 from boost_jax.testing import tiny
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 
 def _shard_everything(mesh):
     """A sharding that splits every dim it can over some mesh axis (an adversarial layout)."""

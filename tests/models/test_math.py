@@ -10,6 +10,9 @@ from boost_jax.models.decoder import abstract_model, reference_logits
 from boost_jax.models.init import init_params
 from boost_jax.testing import rel_err, tiny
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 
 def _rms(x, g, eps):
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * g

@@ -15,6 +15,9 @@ from boost_jax.models.projections import Crossing, latent_act
 from boost_jax.parallel.plans.base import Plan
 from boost_jax.testing import rel_err, tiny
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 
 def _silu(x):
     return x / (1 + np.exp(-x))

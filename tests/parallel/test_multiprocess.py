@@ -58,46 +58,78 @@ def _same(a, b, steps):
     return rel_err([a[k] for k in steps], [b[k] for k in steps]) <= 1e-6
 
 
-def test_two_processes_equal_one_and_checkpoints_cross_over(tiny_data, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    _run(2, _flags(tiny_data, two, 6))                    # 2 processes x 4 devices
-    _run(1, _flags(tiny_data, one, 9))                    # 1 process x 8 devices
-    ref = _losses(one)
-    assert _same(_losses(two), ref, range(1, 7))
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory):
+    """The workdir of 30 steps in one process (the schedule of ``_flags``), every checkpoint
+    kept (3, 6, ..., 30)."""
+    workdir = tmp_path_factory.mktemp("reference")
+    _run(1, _flags(tiny_data, workdir, 30) + ["--gin_param=Train.keep_checkpoints=10"])
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_data, tmp_path_factory):
+    """The workdir of 6 steps in two processes (checkpoints 3 and 6); tests copy it."""
+    workdir = tmp_path_factory.mktemp("two")
+    _run(2, _flags(tiny_data, workdir, 6))
+    return workdir
+
+
+def _copy(workdir, to, newest=None):
+    """A copy of ``workdir`` at ``to``, without the checkpoints after step ``newest``."""
+    shutil.copytree(workdir, to)
+    for step in _steps(to):
+        if newest is not None and step > newest:
+            shutil.rmtree(to / "checkpoints" / str(step))
+    return to
+
+
+def test_two_processes_equal_one_and_checkpoints_cross_over(tiny_data, tmp_path, reference,
+                                                            two_processes):
+    ref = _losses(reference)
+    two = _copy(two_processes, tmp_path / "two")          # 2 processes x 4 devices
+    assert _same(_losses(two), ref, range(1, 7))          # = 1 process x 8 devices
     out = _run(1, _flags(tiny_data, two, 9))              # written by 2, resumed by 1
     assert "resumed from" in out.stdout and "at step 6" in out.stdout
     assert _same(_losses(two), ref, range(7, 10))
-    back = tmp_path / "back"                              # written by 1, resumed by 2
-    shutil.copytree(one, back)
-    shutil.rmtree(back / "checkpoints" / "9")
-    _run(2, _flags(tiny_data, back, 9))
+    back = _copy(reference, tmp_path / "back", newest=6)  # written by 1, resumed by 2
+    out = _run(2, _flags(tiny_data, back, 9))
+    assert "resumed from" in out.stdout and "at step 6" in out.stdout
     assert _same(_losses(back), ref, range(7, 10))
 
 
-def test_a_dead_process_stops_the_run(tiny_data, tmp_path):
-    flags = _flags(tiny_data, tmp_path, 100000)
+def test_a_dead_process_stops_the_run_and_a_fresh_cache_is_prepared_once(tmp_path):
+    """``launch/local.sh 2`` with a bundled corpus and an empty cache: process 0 prepares it,
+    process 1 waits for it, both train on it. Then process 1 is killed (SIGKILL): the launcher
+    stops process 0 within a minute, exits non-zero and leaves no process behind."""
+    flags = _flags("bundled:shakespeare", tmp_path / "run", 100000)
+    flags += [f"--gin_param=Data.cache_dir='{tmp_path / 'cache'}'",
+              "--gin_param=Data.tokenizer='bpe:512'", "--gin_param=Model.vocab_size=512"]
     launcher = subprocess.Popen(["bash", str(LAUNCH), "2", *flags], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
                                 start_new_session=True)
     try:
-        metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 240
+        metrics, deadline = tmp_path / "run" / "metrics.jsonl", time.time() + 240
         while time.time() < deadline and not (metrics.exists() and metrics.read_text().count(
                 "\n") >= 2):
             time.sleep(0.2)
         assert metrics.exists(), "the run did not start"
-        worker = subprocess.run(["pgrep", "-f", f"process_id=1.*{tmp_path}"],
-                                capture_output=True, text=True).stdout.split()
-        assert worker, "process 1 not found"
-        os.kill(int(worker[0]), signal.SIGKILL)
+        os.kill(_pid(tmp_path, 1), signal.SIGKILL)
         start = time.time()
         code = launcher.wait(timeout=120)
+        stderr = launcher.stderr.read()
         assert code != 0 and time.time() - start < 60
-        assert "stopping the others" in launcher.stderr.read()
+        assert "stopping the others" in stderr
         assert not subprocess.run(["pgrep", "-f", f"workdir={tmp_path}"],
                                   capture_output=True).stdout  # nothing left behind
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
+    prepared = [line for line in stderr.splitlines() if "preparing the bundled" in line]
+    assert len(prepared) == 1 and prepared[0].startswith("[p0]"), prepared
+    (data,) = (tmp_path / "cache" / "data").glob("shakespeare-*[0-9]")
+    assert (data / "manifest.json").is_file()
+    assert {1, 2} <= _losses(tmp_path / "run").keys()
 
 
 def _free_port():
@@ -125,28 +157,6 @@ def test_bad_multiprocess_setups(tmp_path, flags, needle):
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1
     assert errors[0].startswith(f"boost_jax.train: error: {needle.format(port=port)}")
-
-
-def test_two_processes_on_a_fresh_cache_prepare_the_bundled_corpus_once(tmp_path):
-    """``launch/local.sh 2`` with a bundled corpus and an empty cache: process 0 prepares,
-    process 1 waits for it; both train on the same dataset."""
-    flags = _flags("bundled:shakespeare", tmp_path / "run", 2)
-    flags += [f"--gin_param=Data.cache_dir='{tmp_path / 'cache'}'",
-              "--gin_param=Data.tokenizer='bpe:512'", "--gin_param=Model.vocab_size=512"]
-    out = _run(2, flags)
-    prepared = [line for line in out.stderr.splitlines() if "preparing the bundled" in line]
-    assert len(prepared) == 1 and prepared[0].startswith("[p0]"), prepared
-    (data,) = (tmp_path / "cache" / "data").glob("shakespeare-*[0-9]")
-    assert (data / "manifest.json").is_file()
-    assert _losses(tmp_path / "run").keys() == {1, 2}
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory):
-    """The losses of 30 steps in one process (the schedule of ``_flags``)."""
-    workdir = tmp_path_factory.mktemp("reference")
-    _run(1, _flags(tiny_data, workdir, 30))
-    return _losses(workdir)
 
 
 def _steps(workdir):
@@ -195,15 +205,15 @@ def test_sigterm_stops_every_process_at_the_same_step(tiny_data, tmp_path, refer
     _run(1 if who == "one" else 2, _flags(tiny_data, work, n + 2))
     losses = _losses(work)
     assert sorted(losses) == list(range(1, n + 3))
-    assert _same(losses, reference, range(1, n + 3))
+    assert _same(losses, _losses(reference), range(1, n + 3))
 
 
-def test_a_read_error_on_one_host_is_retried_by_all(tiny_data, tmp_path, reference):
+def test_a_read_error_on_one_host_is_retried_by_all(tiny_data, tmp_path, reference,
+                                                   two_processes):
     """Checkpoint 6 cannot be read by process 1 only (an injected I/O error): both processes
     retry together; an error that passes (twice) resumes step 6 as if uninterrupted; one that
     persists ends both with one line and exit code 1, the checkpoint left in place."""
-    work = tmp_path / "run"
-    _run(2, _flags(tiny_data, work, 6))
+    work = _copy(two_processes, tmp_path / "run")
     assert _steps(work) == [3, 6]
     out = _run(2, _flags(tiny_data, work, 9), PYTHONPATH=FAULTS,
                BOOST_JAX_FAULT_UNREADABLE="1:6:2")
@@ -213,7 +223,7 @@ def test_a_read_error_on_one_host_is_retried_by_all(tiny_data, tmp_path, referen
     assert any("Input/output error (injected)" in line for line in retried)
     assert "resumed from" in out.stdout and "at step 6" in out.stdout
     assert _steps(work)[-1] == 9 and not list((work / "checkpoints").glob("corrupt-*"))
-    assert _same(_losses(work), reference, range(1, 10))
+    assert _same(_losses(work), _losses(reference), range(1, 10))
     out = subprocess.run(["bash", str(LAUNCH), "2", *_flags(tiny_data, work, 12)],
                          capture_output=True, text=True, timeout=300, cwd=REPO,
                          env=_env(PYTHONPATH=FAULTS, BOOST_JAX_FAULT_UNREADABLE="1:9"))

@@ -25,6 +25,9 @@ from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, norm_rel_err, rel_err, tiny, tree_rel_err
 from boost_jax.tools.comm_report import build_report, compile_step
 
+#: run on CI's newest stack too (.ci/run): what a second JAX can change
+pytestmark = pytest.mark.jax_sensitive
+
 BATCH, SEQ = 8, 16
 SHORT = {"float32": "f32", "bfloat16": "bf16"}
 

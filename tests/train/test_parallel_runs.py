@@ -38,18 +38,30 @@ def test_parallel_layouts_log_the_losses_of_data_parallelism(tiny_data, tmp_path
     assert rel_err([b[k] for k in range(1, 21)], [a[k] for k in range(1, 21)]) <= 1e-5
 
 
+#: the resharding runs: 4 layers (a stage of 2 under the pipelines), a checkpoint at step 10
+RESHARD = dict(schedule_steps=11, checkpoint_every=10, model=tiny("cola", n_layers=4))
+
+
+@pytest.fixture(scope="module")
+def dp2_tp4_run(tiny_data, tmp_path_factory):
+    """11 steps on data=2 x tensor=4 (checkpoints 10 and 11): the uninterrupted run."""
+    workdir = tmp_path_factory.mktemp("dp2_tp4")
+    run(_config(tiny_data, 11, DP2_TP4, **RESHARD), workdir, jax.devices())
+    return workdir
+
+
 @pytest.mark.parametrize("target", [
     Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2),
     Parallel(data=4, tensor=2, tp_plan="btp", zero=3),
     Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=2,
              pipeline_schedule="circular", pipeline_repeats=2),
 ], ids=["pipe2-tensor2-data2", "data4-tensor2-fsdp", "circular"])
-def test_checkpoint_reshards_onto_another_mesh(tiny_data, tmp_path, target):
-    """10 steps on data=2 x tensor=4, resumed on ``target``: step 11 as if uninterrupted."""
-    steps = dict(schedule_steps=11, checkpoint_every=10, model=tiny("cola", n_layers=4))
-    run(_config(tiny_data, 11, DP2_TP4, **steps), tmp_path / "whole", jax.devices())
-    run(_config(tiny_data, 10, DP2_TP4, **steps), tmp_path / "first", jax.devices())
-    shutil.copytree(tmp_path / "first", tmp_path / "resumed")
-    summary = run(_config(tiny_data, 11, target, **steps), tmp_path / "resumed", jax.devices())
+def test_checkpoint_reshards_onto_another_mesh(tiny_data, tmp_path, dp2_tp4_run, target):
+    """The data=2 x tensor=4 run's checkpoint 10, resumed on ``target``: step 11 as if
+    uninterrupted."""
+    shutil.copytree(dp2_tp4_run, tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "11")
+    summary = run(_config(tiny_data, 11, target, **RESHARD), tmp_path / "resumed",
+                  jax.devices())
     assert (summary.start_step, summary.step) == (10, 11)
-    assert rel_err(_losses(tmp_path / "resumed")[11], _losses(tmp_path / "whole")[11]) <= 1e-6
+    assert rel_err(_losses(tmp_path / "resumed")[11], _losses(dp2_tp4_run)[11]) <= 1e-6

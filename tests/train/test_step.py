@@ -18,6 +18,7 @@ from boost_jax.testing import SINGLE, loss_and_grads, rel_err, tiny, tree_rel_er
 from boost_jax.tools.comm_report import compile_step
 
 
+@pytest.mark.jax_sensitive
 def test_accumulation_equals_one_step():
     """K=4 micro-steps give the loss and every gradient of the un-accumulated step on the
     same global batch (fp32)."""
@@ -41,6 +42,7 @@ def _seven_b(grad_accum: int):
     return compile_step(config, jax.devices()[:4])
 
 
+@pytest.mark.jax_sensitive
 def test_accumulation_cuts_temporary_memory():
     """One micro-step's activations alive at a time: at the 7B shape with 8192 tokens per
     step, K=4 needs at most 0.4x the temporary memory of K=1."""
@@ -48,6 +50,7 @@ def test_accumulation_cuts_temporary_memory():
     assert temp[4] <= 0.4 * temp[1], temp
 
 
+@pytest.mark.jax_sensitive
 def test_update_runs_in_the_region_without_gradient_copies():
     """The compiled step updates the donated state in place: no copy or transpose of a
     parameter-shaped (gradient) buffer outside the loops (the old boundary copied every
@@ -228,6 +231,7 @@ def _device_conditionals(text: str) -> int:
     return sum(not static(m.group(1), m.start()) for m in found)
 
 
+@pytest.mark.jax_sensitive
 @pytest.mark.parametrize("optimizer", ["adamw", "loro"])
 def test_the_nonfinite_guard_is_a_select_on_gpu_and_a_conditional_on_cpu(optimizer):
     """The skip of a non-finite step, lowered per platform (``lax.platform_dependent``): for
