@@ -41,11 +41,19 @@ def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path):
     assert np.mean([a[k] for k in range(71, 81)]) < np.mean([a[k] for k in range(1, 11)]) - 0.5
 
 
-def test_data_parallel_matches_single_device(tiny_data, tmp_path):
-    ref = run(_config(tiny_data, 10), tmp_path / "dp1", jax.devices()[:1])
+@pytest.fixture(scope="module")
+def single_device(tiny_data, tmp_path_factory):
+    """10 steps on one device (fp32; the final checkpoint at 10): its summary and workdir,
+    read by the tests below (a test that writes copies the workdir)."""
+    workdir = tmp_path_factory.mktemp("single_device")
+    return run(_config(tiny_data, 10), workdir, jax.devices()[:1]), workdir
+
+
+def test_data_parallel_matches_single_device(tiny_data, tmp_path, single_device):
+    ref, workdir = single_device
     dp = run(_config(tiny_data, 10, Parallel(data=8, tensor=1, tp_plan="none")), tmp_path / "dp8",
               jax.devices())
-    a, b = _losses(tmp_path / "dp1"), _losses(tmp_path / "dp8")
+    a, b = _losses(workdir), _losses(tmp_path / "dp8")
     assert rel_err([b[k] for k in sorted(b)], [a[k] for k in sorted(a)]) < 1e-5
     assert abs(dp.eval_loss - ref.eval_loss) / ref.eval_loss < 1e-5
 
@@ -102,20 +110,20 @@ def test_partial_checkpoint_is_ignored(tiny_data, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["svd", "dense"])  # same shapes / other shapes
-def test_other_model_in_workdir_is_refused(tiny_data, tmp_path, arch):
-    one = jax.devices()[:1]
-    run(_config(tiny_data, 2), tmp_path, one)
-    cfg = _config(tiny_data, 4)
+def test_other_model_in_workdir_is_refused(tiny_data, tmp_path, arch, single_device):
+    workdir = tmp_path / "run"  # a CoLA run's, checkpoint 10
+    shutil.copytree(single_device[1], workdir)
+    cfg = _config(tiny_data, 12)
     cfg = Config(tiny(arch), cfg.parallel, cfg.train, cfg.data)
     with pytest.raises(ConfigError, match="another model"):
-        run(cfg, tmp_path, one)
+        run(cfg, workdir, jax.devices()[:1])
     # the checkpoint is refused, not treated as damaged
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["2"]
+    assert [p.name for p in (workdir / "checkpoints").iterdir()] == ["10"]
 
 
-def test_bfloat16_compute(tiny_data, tmp_path):
-    f32 = run(_config(tiny_data, 3), tmp_path / "f32", jax.devices()[:1])
-    bf16 = run(_config(tiny_data, 3, dtype="bfloat16"), tmp_path / "bf16", jax.devices()[:1])
+def test_bfloat16_compute(tiny_data, tmp_path, single_device):
+    f32 = single_device[0]
+    bf16 = run(_config(tiny_data, 10, dtype="bfloat16"), tmp_path / "bf16", jax.devices()[:1])
     assert np.isfinite(bf16.final_loss)
     assert abs(bf16.final_loss - f32.final_loss) / f32.final_loss < 2e-2
 
