@@ -84,9 +84,3 @@ def packing_data(tmp_path_factory) -> Path:
             chunks_per_shard=2, workers=0)
     return root / "prepared"
 
-
-def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto`` (pyproject's addopts): a worker per core, plus one. A worker whose test waits
-    on the commands or processes it started leaves its core to the others: tests/train took
-    558 s with 3 workers against 607 s with 2, on 2 cores; ``--maxprocesses`` caps it."""
-    return len(os.sched_getaffinity(0)) + 1
