@@ -96,11 +96,10 @@ def _bf16_own_error(arch, crossing=CROSSING):
     return tree_rel_err(grads, fp32_grads, norm_rel_err)
 
 
-#: the cases CI's newest stack runs too (.ci/run): one per plan at DP x TP = 2 x 4
-JAX = pytest.mark.jax_sensitive
-
 # a representative matrix: every arch under every applicable plan, both norms, grouping on
-# and off, TP=2, TP=4 and DP x TP = 2 x 4 (GQA throughout: 8 heads, 4 KV heads)
+# and off, TP=2, TP=4 and DP x TP = 2 x 4 (GQA throughout: 8 heads, 4 KV heads); one case per
+# plan at DP x TP = 2 x 4 marked jax_sensitive (CI's newest stack runs it too)
+JAX = pytest.mark.jax_sensitive
 REPRESENTATIVE = [
     pytest.param("cola", "btp", 2, 4, dict(rmsnorm="online"), marks=JAX),
     ("cola", "btp", 1, 2, dict(rmsnorm="sync")),
