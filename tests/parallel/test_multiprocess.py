@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from boost_jax.testing import rel_err
+from tests.train.test_cli import train_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launch" / "local.sh"
@@ -62,8 +63,9 @@ def _same(a, b, steps):
 def reference(tiny_data, tmp_path_factory):
     """The workdir of 30 steps in one process (the schedule of ``_flags``), every checkpoint
     kept (3, 6, ..., 30)."""
-    workdir = tmp_path_factory.mktemp("reference")
-    _run(1, _flags(tiny_data, workdir, 30) + ["--gin_param=Train.keep_checkpoints=10"])
+    workdir = tmp_path_factory.mktemp("reference")  # the command's main, in this process
+    bindings = [f.removeprefix("--gin_param=") for f in _flags(tiny_data, workdir, 30)[1:]]
+    assert train_in_process(workdir, [*bindings, "Train.keep_checkpoints=10"]) == 0
     return workdir
 
 
@@ -84,8 +86,13 @@ def _copy(workdir, to, newest=None):
     return to
 
 
-def test_two_processes_equal_one_and_checkpoints_cross_over(tiny_data, tmp_path, reference,
-                                                            two_processes):
+def test_two_processes_equal_one_checkpoints_cross_over_and_read_errors_are_retried_by_all(
+        tiny_data, tmp_path, reference, two_processes):
+    """2 processes x 4 devices give the losses of 1 process x 8; checkpoints written by 2
+    resume in 1 and the other way round. The resume in 2 processes reads checkpoint 6 with an
+    injected I/O error on process 1 only: both processes retry together, and the error, gone
+    after two tries, leaves the run as if uninterrupted. An error that persists (checkpoint 9)
+    ends both with one line and exit code 1, the checkpoint left in place."""
     ref = _losses(reference)
     two = _copy(two_processes, tmp_path / "two")          # 2 processes x 4 devices
     assert _same(_losses(two), ref, range(1, 7))          # = 1 process x 8 devices
@@ -93,9 +100,22 @@ def test_two_processes_equal_one_and_checkpoints_cross_over(tiny_data, tmp_path,
     assert "resumed from" in out.stdout and "at step 6" in out.stdout
     assert _same(_losses(two), ref, range(7, 10))
     back = _copy(reference, tmp_path / "back", newest=6)  # written by 1, resumed by 2
-    out = _run(2, _flags(tiny_data, back, 9))
+    out = _run(2, _flags(tiny_data, back, 9), PYTHONPATH=FAULTS,
+               BOOST_JAX_FAULT_UNREADABLE="1:6:2")      # process 1 fails twice to read 6
+    retried = [line for line in out.stderr.splitlines() if "reading checkpoint 6's" in line]
+    assert sorted(line[:4] for line in retried) == ["[p0]"] * 2 + ["[p1]"] * 2, out.stderr[-3000:]
+    assert any("another process" in line for line in retried)
+    assert any("Input/output error (injected)" in line for line in retried)
     assert "resumed from" in out.stdout and "at step 6" in out.stdout
+    assert _steps(back)[-1] == 9 and not list((back / "checkpoints").glob("corrupt-*"))
     assert _same(_losses(back), ref, range(7, 10))
+    out = subprocess.run(["bash", str(LAUNCH), "2", *_flags(tiny_data, back, 12)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO,
+                         env=_env(PYTHONPATH=FAULTS, BOOST_JAX_FAULT_UNREADABLE="1:9"))
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if "error: could not read" in line]
+    assert errors and all("checkpoint 9's arrays" in line for line in errors)
+    assert _steps(back)[-1] == 9 and not list((back / "checkpoints").glob("corrupt-*"))
 
 
 def test_a_dead_process_stops_the_run_and_a_fresh_cache_is_prepared_once(tmp_path):
@@ -206,31 +226,6 @@ def test_sigterm_stops_every_process_at_the_same_step(tiny_data, tmp_path, refer
     losses = _losses(work)
     assert sorted(losses) == list(range(1, n + 3))
     assert _same(losses, _losses(reference), range(1, n + 3))
-
-
-def test_a_read_error_on_one_host_is_retried_by_all(tiny_data, tmp_path, reference,
-                                                   two_processes):
-    """Checkpoint 6 cannot be read by process 1 only (an injected I/O error): both processes
-    retry together; an error that passes (twice) resumes step 6 as if uninterrupted; one that
-    persists ends both with one line and exit code 1, the checkpoint left in place."""
-    work = _copy(two_processes, tmp_path / "run")
-    assert _steps(work) == [3, 6]
-    out = _run(2, _flags(tiny_data, work, 9), PYTHONPATH=FAULTS,
-               BOOST_JAX_FAULT_UNREADABLE="1:6:2")
-    retried = [line for line in out.stderr.splitlines() if "reading checkpoint 6's" in line]
-    assert sorted(line[:4] for line in retried) == ["[p0]"] * 2 + ["[p1]"] * 2, out.stderr[-3000:]
-    assert any("another process" in line for line in retried)
-    assert any("Input/output error (injected)" in line for line in retried)
-    assert "resumed from" in out.stdout and "at step 6" in out.stdout
-    assert _steps(work)[-1] == 9 and not list((work / "checkpoints").glob("corrupt-*"))
-    assert _same(_losses(work), _losses(reference), range(1, 10))
-    out = subprocess.run(["bash", str(LAUNCH), "2", *_flags(tiny_data, work, 12)],
-                         capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env=_env(PYTHONPATH=FAULTS, BOOST_JAX_FAULT_UNREADABLE="1:9"))
-    assert out.returncode == 1, out.stderr[-3000:]
-    errors = [line for line in out.stderr.splitlines() if "error: could not read" in line]
-    assert errors and all("checkpoint 9's arrays" in line for line in errors)
-    assert _steps(work)[-1] == 9 and not list((work / "checkpoints").glob("corrupt-*"))
 
 
 @pytest.mark.slow

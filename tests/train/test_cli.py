@@ -65,16 +65,25 @@ def test_bad_input_is_one_line_before_compiling(tmp_path, tiny_data, capsys, gin
     assert not (workdir / "checkpoints").exists()
 
 
-def _train_main(capsys, workdir, bindings, **values):
-    """``python -m boost_jax.train`` in this process: ``(exit code, stdout, stderr)``."""
+def train_in_process(workdir, bindings, **values) -> int:
+    """``python -m boost_jax.train --workdir=WORKDIR --gin_param=B...`` in this process (on
+    the suite's 8 devices; a reference run costs no new process): its exit code."""
     from absl.testing import flagsaver
 
     from boost_jax.train import main as train_main
 
-    capsys.readouterr()
     gin.clear_config()  # parsing finalises (locks) the config
-    with flagsaver.flagsaver(workdir=str(workdir), gin_param=list(bindings), **values):
-        code = train_main.main(["boost_jax.train"])
+    try:
+        with flagsaver.flagsaver(workdir=str(workdir), gin_param=list(bindings), **values):
+            return train_main.main(["boost_jax.train"])
+    finally:
+        gin.clear_config()
+
+
+def _train_main(capsys, workdir, bindings, **values):
+    """:func:`train_in_process`: ``(exit code, stdout, stderr)``."""
+    capsys.readouterr()
+    code = train_in_process(workdir, bindings, **values)
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -207,16 +216,16 @@ def test_default_run_learns(tmp_path):
 FAULTS = str(REPO / "tests" / "faults")
 
 
-def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path):
+def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path, capsys):
     """SIGKILL while checkpoint 4's metadata is written (arrays already on disk), then while
     checkpoint 6 is being committed (all written, not renamed), then a plain resume: the same
-    losses as an uninterrupted run, each step's train and eval entries once in metrics.jsonl,
-    the lost tails of the killed runs in the side files, no temporary directory left."""
+    losses as an uninterrupted run (the command's main in this process, on the same 8 devices),
+    each step's train and eval entries once in metrics.jsonl, the lost tails of the killed runs
+    in the side files, no temporary directory left."""
     gin = [*_tiny_gin(tiny_data), "Train.steps=10", "Train.schedule_steps=10",
            "Train.checkpoint_every=2", "Train.eval_every=3"]
     ref = tmp_path / "ref"
-    assert subprocess.run(_cmd(ref, *gin), capture_output=True, env=_env(),
-                          timeout=300).returncode == 0
+    assert _train_main(capsys, ref, gin)[0] == 0
     work = tmp_path / "run"
     for kill, committed in (("4:meta", [2]), ("6:commit", [2, 4])):
         env = dict(_env(), PYTHONPATH=FAULTS, BOOST_JAX_FAULT_KILL=kill)
