@@ -94,8 +94,9 @@ class Parallel:
     reduce_dtype: str = _field("float32", "dtype of the gradients' reduction over 'data' "
                                "(all-reduce, reduce-scatter): float32 | bfloat16", NOTE)
     attention: str = _field("auto", "attention core: auto (cuDNN flash attention on a GPU in "
-                            "bf16; for packed rows only once its GPU parity is recorded in "
-                            "gpu_verified.py, else XLA) | xla | cudnn", NOTE)
+                            "bf16 once its GPU parity is recorded in gpu_verified.py, for "
+                            "packed rows once that of the packed path is too; else XLA) | "
+                            "xla | cudnn", NOTE)
     kernels: str = _field("auto", "btp chunk-boundary ops: auto (Triton on a GPU with "
                           "jax-triton once the kernels' GPU parity test is recorded in "
                           "gpu_verified.py, else XLA) | triton | xla", NOTE)

@@ -26,6 +26,7 @@ class Verified:
 #: the GPU-only paths, each with the test that verifies it on a GPU
 PATHS = {
     "triton_kernels": "tests/kernels/test_triton_gpu.py",
+    "cudnn_attention": "tests/models/test_attention_gpu.py::test_cudnn_attention_matches_reference",
     "cudnn_packed_attention": "tests/models/test_attention_gpu.py",
 }
 

@@ -331,3 +331,11 @@ def dots(hlo: str) -> list[Dot]:
                            math.prod(lhs[int(i)] for i in dims.split(",") if i),
                            mult[comp][0]))
     return out
+
+
+def computations(hlo: str) -> tuple[dict[str, list[_Instr]], str]:
+    """Computation -> its instructions (``name``, ``type``, ``op``, ``operands``, ``attrs``) in
+    the order printed -- a scheduled module's (``is_scheduled=true``, a GPU program) execution
+    order -- and the entry computation's name."""
+    comps, _, entry = _parse(hlo)
+    return comps, entry

@@ -99,10 +99,10 @@ def resolve_attention(choice: str, dtype, platform: str, bounded: bool = True
     (``jax.default_backend()``).
 
     ``cudnn`` needs a GPU and a 16-bit dtype (ConfigError otherwise). ``auto`` on a GPU in a
-    16-bit dtype takes cuDNN for unpacked rows (JAX's public path), and for packed rows
-    cuDNN's packed path only once its GPU parity test is recorded in boost_jax/gpu_verified.py
-    (``cudnn_packed_attention``) and the packed rows are ``bounded`` (``Data.max_segments``
-    set), else XLA; it logs its choice once.
+    16-bit dtype takes cuDNN, as the Triton kernels are taken, only once its GPU parity test
+    is recorded in boost_jax/gpu_verified.py: for unpacked rows ``cudnn_attention`` (JAX's
+    public path), for packed rows also ``cudnn_packed_attention`` and only when they are
+    ``bounded`` (``Data.max_segments`` set); else XLA. It logs its choice once.
     """
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if choice == "cudnn":
@@ -114,12 +114,15 @@ def resolve_attention(choice: str, dtype, platform: str, bounded: bool = True
                               "Train.dtype='bfloat16', or use 'auto' or 'xla'")
         return "cudnn", "cudnn"
     if choice == "auto":
-        unpacked = "cudnn" if platform == "gpu" and half else "xla"
+        gpu_half = platform == "gpu" and half
+        plain = gpu_verified.verified("cudnn_attention")
+        unpacked = "cudnn" if gpu_half and plain else "xla"
         record = gpu_verified.verified("cudnn_packed_attention")
         packed = "cudnn" if unpacked == "cudnn" and record and bounded else "xla"
-        why = ("" if unpacked == "xla" else
-               ", cuDNN's packed path has no GPU parity record in boost_jax/gpu_verified.py"
-               if not record else ", Data.max_segments is not set" if not bounded else
+        no_record = " has no GPU parity record in boost_jax/gpu_verified.py"
+        why = ("" if not gpu_half else f", cuDNN attention{no_record}" if not plain else
+               f", cuDNN's packed path{no_record}" if not record else
+               ", Data.max_segments is not set" if not bounded else
                f", its GPU parity test passed on {record.gpu} {record.date}")
         logging.log_first_n(logging.INFO, "Parallel.attention='auto': %s attention for "
                             "unpacked rows, %s for packed rows (%s, %s%s)", 1, unpacked,

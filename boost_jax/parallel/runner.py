@@ -219,7 +219,11 @@ class ShardedModel:
         n_tokens = token_count(batch) if n_tokens is None else n_tokens
         if self.gspmd:
             model = bind(self.cfg, params, self.dtype)
-            local = Plan(self.plan.grouped, self.plan.remat)
+            # the explicit plan's choices but for its boundaries: attention (cuDNN on a GPU
+            # for both, else the baseline would run XLA's attention), grouping, remat
+            p = self.plan
+            local = Plan(p.grouped, p.remat, attention=p.attention,
+                         packed_attention=p.packed_attention, segment_slots=p.segment_slots)
             per_token = model.token_loss(batch["inputs"], batch["targets"], local,
                                          segments(batch))
             return loss_sum(per_token, batch) / n_tokens

@@ -63,8 +63,8 @@ def compile_step(config: Config, devices=None, gspmd: bool = False):
 
     t = config.train
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel, devices),
-                         jnp.dtype(t.dtype), gspmd=gspmd)
-    opt = make_optimizer(t)
+                         jnp.dtype(t.dtype), gspmd=gspmd, max_segments=config.data.max_segments)
+    opt = make_optimizer(t, model)  # as the trainer builds them (train/loop.py)
     packed = config.data.packing == "document"
     return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len, packed)
 
@@ -95,7 +95,7 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
          "bwd" if c.backward else "fwd", _where(c, run)) for c in colls)
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}  # None for a GPU target here
     tokens = t.batch_size // par.data * t.seq_len
     return {
         "config": {"arch": m.arch, "size": m.size, "d_model": m.d_model, "n_layers": m.n_layers,

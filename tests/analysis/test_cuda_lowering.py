@@ -99,10 +99,12 @@ BATCH = 8
 FMHA = {"__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"}
 
 
-def _model(parallel: Parallel, arch: str = "cola", attention=("cudnn", "cudnn")) -> ShardedModel:
+def _model(parallel: Parallel, arch: str = "cola", attention=("cudnn", "cudnn"),
+           gspmd: bool = False) -> ShardedModel:
     """The tiny model in bf16 on the first devices, its attention set as on a GPU."""
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
-    model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16, max_segments=MAX_SEGMENTS)
+    model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16, max_segments=MAX_SEGMENTS,
+                         gspmd=gspmd)
     model.plan = dataclasses.replace(model.plan, attention=attention[0],
                                      packed_attention=attention[1])
     return model
@@ -133,13 +135,25 @@ def test_cudnn_unpacked_rows_lower_to_cudnn():
     assert not _dense_pairs(text)
 
 
+def test_gspmd_baseline_runs_the_plans_attention():
+    """``bench``'s GSPMD baseline runs the attention its explicit plan chose (cuDNN here, as
+    on a GPU in bf16), not XLA's: the comparison is of the plans, not of the attention."""
+    ops, text = _grad_ops(_model(Parallel(), gspmd=True), packed=False)
+    # under GSPMD jax's cuDNN attention is custom-partitioned: its calls appear when XLA
+    # partitions the program (the GPU-compiled program: tests/tools/test_gpu_compile.py)
+    assert {op.target for op in lowered.custom_calls(ops)} == {"CustomSPMDPartitioning"}
+    assert not _dense_pairs(text)
+
+
 @pytest.mark.parametrize("recorded", [False, True])
 def test_auto_packed_rows_on_a_gpu(monkeypatch, recorded):
     """``auto`` in bf16 on a GPU: packed rows run XLA's attention (an s x s mask, no cuDNN
     call) until cuDNN's packed path has a GPU parity record; then its packed call."""
-    record = {"cudnn_packed_attention": gpu_verified.Verified(
-        "2026-12-01", "NVIDIA H200", "0.11.2", "tests/models/test_attention_gpu.py")}
-    monkeypatch.setattr(gpu_verified, "RECORD", record if recorded else {})
+    passed = gpu_verified.Verified("2026-12-01", "NVIDIA H200", "0.11.2",
+                                   "tests/models/test_attention_gpu.py")
+    record = {"cudnn_attention": passed, "cudnn_packed_attention": passed}
+    monkeypatch.setattr(gpu_verified, "RECORD", record if recorded else
+                        {"cudnn_attention": passed})
     choice = resolve_attention("auto", jnp.bfloat16, "gpu")
     ops, text = _grad_ops(_model(Parallel(), attention=choice), packed=True)
     assert set(_fmha(ops)) == (FMHA if recorded else set())

@@ -116,10 +116,15 @@ VERIFIED = gpu_verified.Verified("2026-12-01", "NVIDIA H200", "0.11.2",
 
 
 def test_resolve_attention(monkeypatch):
-    """``(unpacked, packed)``: auto on a GPU in bf16 takes cuDNN for unpacked rows, and for
-    packed rows only with a recorded GPU parity result; cudnn needs a GPU and 16 bits."""
+    """``(unpacked, packed)``: auto on a GPU in bf16 takes cuDNN for unpacked rows with a
+    recorded GPU parity result of cuDNN attention, and for packed rows only with that of the
+    packed path too; cudnn needs a GPU and 16 bits."""
     bf16 = jnp.bfloat16
     monkeypatch.setattr(gpu_verified, "RECORD", {})
+    assert attention.resolve_attention("auto", bf16, "gpu") == ("xla", "xla")
+    monkeypatch.setattr(gpu_verified, "RECORD", {"cudnn_packed_attention": VERIFIED})
+    assert attention.resolve_attention("auto", bf16, "gpu") == ("xla", "xla")
+    monkeypatch.setattr(gpu_verified, "RECORD", {"cudnn_attention": VERIFIED})
     assert attention.resolve_attention("auto", bf16, "gpu") == ("cudnn", "xla")
     assert attention.resolve_attention("auto", jnp.float32, "gpu") == ("xla", "xla")
     assert attention.resolve_attention("auto", bf16, "cpu") == ("xla", "xla")
@@ -129,7 +134,8 @@ def test_resolve_attention(monkeypatch):
         attention.resolve_attention("cudnn", bf16, "cpu")
     with pytest.raises(ConfigError, match="16-bit"):
         attention.resolve_attention("cudnn", jnp.float32, "gpu")
-    monkeypatch.setattr(gpu_verified, "RECORD", {"cudnn_packed_attention": VERIFIED})
+    monkeypatch.setattr(gpu_verified, "RECORD", {"cudnn_attention": VERIFIED,
+                                                 "cudnn_packed_attention": VERIFIED})
     assert attention.resolve_attention("auto", bf16, "gpu") == ("cudnn", "cudnn")
     assert attention.resolve_attention("auto", bf16, "cpu") == ("xla", "xla")
     # packed rows without Data.max_segments: cuDNN's packed layout has no bound to be built for
@@ -151,5 +157,9 @@ def test_resolve_attention_logs_its_choice(monkeypatch):
                         lambda level, msg, n, *args: said.append(msg % args))
     monkeypatch.setattr(gpu_verified, "RECORD", {})
     attention.resolve_attention("auto", jnp.bfloat16, "gpu")
-    assert len(said) == 1 and "cudnn attention for unpacked rows, xla for packed" in said[0]
-    assert "no GPU parity record" in said[0]
+    assert len(said) == 1 and "xla attention for unpacked rows, xla for packed" in said[0]
+    assert "cuDNN attention has no GPU parity record" in said[0]
+    monkeypatch.setattr(gpu_verified, "RECORD", {"cudnn_attention": VERIFIED})
+    attention.resolve_attention("auto", jnp.bfloat16, "gpu")
+    assert len(said) == 2 and "cudnn attention for unpacked rows, xla for packed" in said[1]
+    assert "cuDNN's packed path has no GPU parity record" in said[1]

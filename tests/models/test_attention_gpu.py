@@ -1,7 +1,7 @@
-"""cuDNN's packed attention on a GPU (marker `gpu`; skipped with the reason elsewhere):
-``causal_attention(..., 'cudnn')`` on packed rows against the fp32 reference, in bf16, forward
-and gradients, GQA, one-token documents and padding included; a row over the segment bound
-comes out NaN while the others stay right.
+"""cuDNN attention on a GPU (marker `gpu`; skipped with the reason elsewhere):
+``causal_attention(..., 'cudnn')`` on unpacked and on packed rows against the fp32 reference,
+in bf16, forward and gradients, GQA, one-token documents and padding included; a row over the
+segment bound comes out NaN while the others stay right.
 
 Its pass is what boost_jax/gpu_verified.py records as ``cudnn_packed_attention`` (the record
 ``Parallel.attention='auto'`` reads before it takes this path for packed rows)."""
@@ -55,6 +55,21 @@ def _inputs(gpu):
                 for x in keys[1:3])
         weights = jax.random.normal(keys[3], (len(ROWS), SEQ, HEADS * HEAD_DIM))
     return q, k, v, weights
+
+
+def test_cudnn_attention_matches_reference(gpu):
+    """Unpacked rows (JAX's public cuDNN path): what
+    boost_jax/gpu_verified.py records as ``cudnn_attention``."""
+    q, k, v, weights = _inputs(gpu)
+    out, grads = _loss_and_grads(
+        lambda q, k, v: causal_attention(q, k, v, 1e4, None, "cudnn"), q, k, v, weights)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want, want_grads = _loss_and_grads(
+        lambda q, k, v: reference_attention(q, k, v, 1e4), *f32, weights)
+    assert out.dtype == jnp.bfloat16 and bool(jnp.isfinite(out).all())
+    assert norm_rel_err(out, want) < TOL
+    for got, ref in zip(grads, want_grads):
+        assert bool(jnp.isfinite(got).all()) and norm_rel_err(got, ref) < TOL
 
 
 def test_cudnn_packed_attention_matches_reference(gpu):

@@ -66,8 +66,9 @@ def test_bad_input_is_one_line_before_compiling(tmp_path, tiny_data, capsys, gin
 
 
 def train_in_process(workdir, bindings, **values) -> int:
-    """``python -m boost_jax.train --workdir=WORKDIR --gin_param=B...`` in this process (on
-    the suite's 8 devices; a reference run costs no new process): its exit code."""
+    """``python -m boost_jax.train --workdir=WORKDIR --gin_param=B...`` in this process (a
+    reference run costs no new process): its exit code. The run uses all the suite's 8
+    devices, so its mesh must have 8 (a smaller one is refused once JAX has started)."""
     from absl.testing import flagsaver
 
     from boost_jax.train import main as train_main

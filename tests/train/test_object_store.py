@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 from boost_jax.train.checkpoint import Checkpointer
-from tests.train.test_cli import FAULTS, _cmd, _env, _tiny_gin, train_in_process
+from tests.train.test_cli import FAULTS, _cmd, _env, _tiny_gin
 from tests.train.test_trainer import _losses
 
 MARKER = "commit_success.txt"  # orbax's commit marker of a step saved in place
@@ -381,7 +381,9 @@ def uninterrupted(tiny_data, tmp_path_factory) -> dict[int, float]:
     """The losses of the killed run's configuration, run through on a local disk (one run for
     both schemes)."""
     ref = tmp_path_factory.mktemp("uninterrupted")
-    assert train_in_process(ref, _killed_run_gin(tiny_data)) == 0
+    out = subprocess.run(_cmd(ref, *_killed_run_gin(tiny_data)), capture_output=True,
+                         text=True, env=_env(), timeout=600, cwd=ref)
+    assert out.returncode == 0, out.stderr[-2000:]
     return _losses(ref)
 
 

@@ -1,0 +1,142 @@
+"""``python -m boost_jax.tools.gpu_compile``: the configured train step compiled by XLA's GPU
+compiler for a cluster of GPUs, on a host without one, and what that program holds.
+
+    python -m boost_jax.tools.gpu_compile --target=h100_sxm --topology=2x8 \\
+        [--gin_file=F ...] [--gin_param=B ...] [--json] [--dump_hlo=PATH] [--check]
+
+``--target``: a GPU model (h100_sxm, h100_pcie, h200, a100_sxm_80, a100_sxm_40, a100_pcie_80,
+b200: XLA's specs, carried by the CUDA plugin of jax >= 0.12) or the path of an XLA
+``GpuTargetConfigProto`` text file; ``--topology``: hosts x GPUs per host, whose product is
+the mesh's size. Needs the ``gpu_compile`` extra (``pip install -e ".[gpu_compile]"``: the
+CUDA plugin without NVIDIA's libraries). The report (analysis/gpu_program.py): per-device
+memory against the GPU's (fits or not, headroom), every collective of the compiled program
+(op, dtype, bytes, mesh axes, runs per step, asynchronous or not, the compute XLA scheduled
+under it), the tensor- and data-axis traffic against the analytic formula
+(tools/comm_report.py), the custom calls (cuDNN attention, cuBLAS, Triton) and fusions.
+``--check`` exits 1 when the traffic differs from the formula.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+from absl import app, flags
+
+from boost_jax import cli
+from boost_jax.cli import define_gin_flags, run_command
+from boost_jax.config import Config, ConfigError
+
+FLAGS = flags.FLAGS
+GIB = 2**30
+
+
+def define_flags() -> None:
+    define_gin_flags()
+    flags.DEFINE_string("target", "h100_sxm", "GPU model (h100_sxm, h100_pcie, h200, "
+                        "a100_sxm_80, a100_sxm_40, a100_pcie_80, b200) or the path of an XLA "
+                        "GpuTargetConfigProto text file")
+    flags.DEFINE_string("topology", "1x8", "HOSTSxGPUS: hosts x GPUs per host")
+    flags.DEFINE_bool("json", False, "print the report as JSON")
+    flags.DEFINE_string("dump_hlo", None, "write the compiled GPU program's HLO text here")
+    flags.DEFINE_bool("check", False, "exit 1 if the communication differs from the formula")
+
+
+def compile_for_gpu(config: Config, target: str, topology: str):
+    """``(sharded model, compiled train step, Target)`` of ``config`` compiled for ``target``
+    GPUs in ``topology`` (``"HOSTSxGPUS"``) by XLA's deviceless GPU compile. cuDNN attention
+    is traced with jax's cuDNN checks stood in for (compat.cudnn_trace_standin: no cuDNN
+    library here)."""
+    from boost_jax import compat
+    from boost_jax.analysis import gpu_target
+    from boost_jax.tools.comm_report import compile_step
+
+    tgt = gpu_target.target_config(target)
+    hosts, per_host = gpu_target.parse_topology(topology)
+    if hosts * per_host != config.parallel.num_devices:
+        d, p, t = config.parallel.shape
+        raise ConfigError(f"--topology={topology} has {hosts * per_host} GPUs; the mesh "
+                          f"Parallel.data x pipe x tensor = {d} x {p} x {t} needs "
+                          f"{config.parallel.num_devices}")
+    devices = gpu_target.gpu_devices(tgt, hosts, per_host)
+    with compat.cudnn_trace_standin():
+        model, _, compiled = compile_step(config, devices)
+    return model, compiled, tgt
+
+
+def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None = None
+               ) -> dict:
+    """comm_report's numbers for the GPU program, plus its memory, schedule and calls."""
+    from boost_jax.analysis import gpu_program
+    from boost_jax.analysis.hlo import collectives
+    from boost_jax.tools.comm_report import build_report
+
+    model, compiled, tgt = compile_for_gpu(config, target, topology)
+    rep = build_report(config, dump_hlo, compiled=compiled, mesh=model.mesh)
+    hlo = compiled.as_text()
+    sched = gpu_program.schedule(hlo)
+    rows = collections.Counter()
+    for c in collectives(hlo, tuple(model.mesh.devices.shape), tuple(model.mesh.axis_names)):
+        s = sched.get(c.name)
+        rows[(c.op, c.dtype, c.bytes, ",".join(c.axes), c.count, c.combined,
+              bool(s and s.asynchronous), s.overlapped if s else 0)] += 1
+    rep["gpu"] = {
+        "target": tgt.name, "device": tgt.device, "topology": topology,
+        "memory": gpu_program.memory(compiled, tgt.memory_bytes),
+        "collectives": [dict(op=op, dtype=dt, bytes=b, axes=axes, runs=runs, combined=comb,
+                             asynchronous=a, overlapped=o, instances=n)
+                        for (op, dt, b, axes, runs, comb, a, o), n in rows.items()],
+        "custom_calls": gpu_program.custom_calls(hlo),
+        "fusions": gpu_program.fusions(hlo),
+    }
+    return rep
+
+
+def format_gpu_report(rep: dict) -> str:
+    from boost_jax.tools.comm_report import format_report
+
+    g = rep["gpu"]
+    m = g["memory"]
+    lines = [f"gpu_compile: {g['target']} ({g['device']}), {g['topology']} (hosts x GPUs), "
+             "compiled by XLA's GPU compiler on this host (no GPU)", "",
+             "memory per device (GiB): " + ", ".join(
+                 f"{k} {m[k] / GIB:,.2f}" for k in ("argument", "output", "alias", "temp",
+                                                   "generated_code", "total")),
+             f"  of {m['capacity'] / GIB:,.2f} GiB: " + (
+                 f"fits, {m['headroom'] / GIB:,.2f} GiB free" if m["fits"] else
+                 f"does NOT fit, {-m['headroom'] / GIB:,.2f} GiB over") +
+             " (cuDNN's workspace not counted)", "",
+             "collectives of the GPU program (per device; runs per step; overlapped = compute "
+             "instructions scheduled between start and done)",
+             f"  {'op':<19}{'axes':<13}{'dtype':<6}{'bytes':>13}{'runs':>6}{'n':>4}  "
+             f"{'async':<6}{'overlapped':>10}"]
+    for r in sorted(g["collectives"], key=lambda r: (r["axes"], r["op"], -r["bytes"])):
+        lines.append(f"  {r['op']:<19}{r['axes']:<13}{r['dtype']:<6}{r['bytes']:>13,}"
+                     f"{r['runs']:>6}{r['instances']:>4}  {'yes' if r['asynchronous'] else 'no':<6}"
+                     f"{r['overlapped']:>10}")
+    lines += ["", f"fusions: {g['fusions']}; custom calls and fusion kinds: " + ", ".join(
+        f"{k} x{v}" for k, v in sorted(g["custom_calls"].items())), "",
+        "the same program's communication against the formula (comm_report):", "",
+        format_report(rep)]
+    return "\n".join(lines)
+
+
+def _report(config: Config) -> int:
+    rep = gpu_report(config, FLAGS.target, FLAGS.topology, FLAGS.dump_hlo)
+    print(json.dumps(rep, indent=1) if FLAGS.json else format_gpu_report(rep))
+    return 1 if FLAGS.check and rep["check"] else 0
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    return run_command("gpu_compile", _report)
+
+
+if __name__ == "__main__":
+    # the CUDA plugin initialises a GPU backend unless jax runs on the CPU: this process
+    # compiles for GPUs it does not have (analysis/gpu_target.py)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    define_flags()
+    cli.run_app("gpu_compile", main)
