@@ -93,10 +93,9 @@ class Parallel:
                        "split) | 3 FSDP (parameters split too)", NOTE)
     reduce_dtype: str = _field("float32", "dtype of the gradients' reduction over 'data' "
                                "(all-reduce, reduce-scatter): float32 | bfloat16", NOTE)
-    attention: str = _field("auto", "attention core: auto (cuDNN flash attention on a GPU in "
-                            "bf16 once its GPU parity is recorded in gpu_verified.py, for "
-                            "packed rows once that of the packed path is too; else XLA) | "
-                            "xla | cudnn", NOTE)
+    attention: str = _field("auto", "attention core: auto (cuDNN on a GPU in bf16 once its GPU "
+                            "parity is recorded in gpu_verified.py, packed rows once the packed "
+                            "path's is too; else XLA) | xla | cudnn", NOTE)
     kernels: str = _field("auto", "btp chunk-boundary ops: auto (Triton on a GPU with "
                           "jax-triton once the kernels' GPU parity test is recorded in "
                           "gpu_verified.py, else XLA) | triton | xla", NOTE)

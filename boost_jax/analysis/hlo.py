@@ -90,6 +90,37 @@ def _arrays(type_str: str) -> list[tuple[str, tuple[int, ...]]]:
             for t, dims in _ARRAY.findall(type_str)]
 
 
+def _tuple_elements(type_str: str) -> list[str]:
+    """The top-level elements of a tuple type ``(a, (b, c), u32[])``; ``[type_str]`` for an
+    array type. Commas inside shapes ``[4,8]`` and layouts ``{1,0}`` are not separators."""
+    text = type_str.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:  # the closing parenthesis
+                parts.append(text[start:i])
+        elif ch == "," and depth == 1:
+            parts.append(text[start:i])
+            start = i + 1
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _start_results(op: str, type_str: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The result arrays of an asynchronous ``<op>-start``. Its type is ``(operands,
+    results[, u32[] contexts])`` -- the operands a tuple when several -- except an
+    ``all-reduce-start`` whose operands are not listed (its type is its result or a tuple of
+    combined results)."""
+    elements = _tuple_elements(type_str)
+    if op == "all-reduce" and (len(elements) == 1 or not elements[0].startswith("(")):
+        return _arrays(type_str)
+    return [a for e in elements[1:] for a in _arrays(e) if a[1] != () or op == "all-reduce"]
+
+
 def _parse(hlo: str) -> tuple[dict[str, list[_Instr]], dict[str, str], str]:
     """Computations -> instructions, computation -> parameter text, and the entry's name."""
     comps: dict[str, list[_Instr]] = {}
@@ -235,9 +266,8 @@ def collectives(hlo: str, mesh_shape: tuple[int, ...], axis_names: tuple[str, ..
             op = ins.op.removesuffix("-start")
             if op not in OPS or ins.op.endswith("-done"):
                 continue
-            arrays = _arrays(ins.type)
-            if ins.op.endswith("-start") and op in ("all-gather", "collective-permute"):
-                arrays = arrays[1:2]  # (operand, result[, contexts]) -> result
+            arrays = (_start_results(op, ins.type) if ins.op.endswith("-start")
+                      else _arrays(ins.type))
             groups = _groups(ins.attrs, n_devices)
             size, axes = len(groups[0]), _axes(groups, mesh_shape, axis_names)
             promoted = _promoted(ins, by_name, params, comps)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 
 from absl import app, flags
 
@@ -65,14 +64,15 @@ def compile_for_gpu(config: Config, target: str, topology: str):
     return model, compiled, tgt
 
 
-def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None = None
-               ) -> dict:
-    """comm_report's numbers for the GPU program, plus its memory, schedule and calls."""
+def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None = None,
+               compiled: tuple | None = None) -> dict:
+    """comm_report's numbers for the GPU program, plus its memory, schedule and calls;
+    ``compiled``: :func:`compile_for_gpu`'s result, if already compiled."""
     from boost_jax.analysis import gpu_program
     from boost_jax.analysis.hlo import collectives
     from boost_jax.tools.comm_report import build_report
 
-    model, compiled, tgt = compile_for_gpu(config, target, topology)
+    model, compiled, tgt = compiled or compile_for_gpu(config, target, topology)
     rep = build_report(config, dump_hlo, compiled=compiled, mesh=model.mesh)
     hlo = compiled.as_text()
     sched = gpu_program.schedule(hlo)
@@ -100,9 +100,9 @@ def format_gpu_report(rep: dict) -> str:
     m = g["memory"]
     lines = [f"gpu_compile: {g['target']} ({g['device']}), {g['topology']} (hosts x GPUs), "
              "compiled by XLA's GPU compiler on this host (no GPU)", "",
-             "memory per device (GiB): " + ", ".join(
-                 f"{k} {m[k] / GIB:,.2f}" for k in ("argument", "output", "alias", "temp",
-                                                   "generated_code", "total")),
+             "memory per device (MiB): " + ", ".join(
+                 f"{k} {m[k] / 2**20:,.1f}" for k in ("argument", "output", "alias", "temp",
+                                                     "generated_code", "total")),
              f"  of {m['capacity'] / GIB:,.2f} GiB: " + (
                  f"fits, {m['headroom'] / GIB:,.2f} GiB free" if m["fits"] else
                  f"does NOT fit, {-m['headroom'] / GIB:,.2f} GiB over") +
@@ -131,12 +131,14 @@ def _report(config: Config) -> int:
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    import jax
+
+    # before any backend starts: the CUDA plugin is then the compiler of the mock GPUs, not a
+    # backend that fails to start on a host without CUDA (analysis/gpu_target.py)
+    jax.config.update("jax_platforms", "cpu")
     return run_command("gpu_compile", _report)
 
 
 if __name__ == "__main__":
-    # the CUDA plugin initialises a GPU backend unless jax runs on the CPU: this process
-    # compiles for GPUs it does not have (analysis/gpu_target.py)
-    os.environ["JAX_PLATFORMS"] = "cpu"
     define_flags()
     cli.run_app("gpu_compile", main)
