@@ -47,7 +47,10 @@ class Target:
 
 
 def _plugin_library() -> Path:
-    spec = importlib.util.find_spec(PLUGIN)
+    try:
+        spec = importlib.util.find_spec(PLUGIN)
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"compiling for a GPU on this host needs the CUDA plugin without "
                           f"NVIDIA's libraries: {INSTALL} (jax-cuda13-plugin and "

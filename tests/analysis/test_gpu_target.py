@@ -19,6 +19,13 @@ def test_unknown_target_and_missing_plugin_are_one_line_errors(monkeypatch):
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[gpu_compile\]"'):
         gpu_target.target_config("h100_sxm")
 
+    def no_namespace(name):  # no jax_plugins package installed at all
+        raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+
+    monkeypatch.setattr(gpu_target.importlib.util, "find_spec", no_namespace)
+    with pytest.raises(ConfigError, match=r'pip install -e "\.\[gpu_compile\]"'):
+        gpu_target.target_config("h100_sxm")
+
 
 def test_a_spec_file_and_the_specs_in_the_plugin(tmp_path):
     path = tmp_path / "h100.txtpb"
