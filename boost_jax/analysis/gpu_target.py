@@ -6,9 +6,10 @@ CUDA plugin (``pip install -e ".[gpu_compile]"``: ``jax-cuda13-plugin`` and
 ``jax-cuda13-pjrt`` at jax's own version, without NVIDIA's libraries) carries XLA's target
 specs for the GPUs it knows (openxla/xla ``xla/backends/gpu/target_config/specs/*.txtpb``),
 compiled into it; :func:`target_config` reads the one named (jax >= 0.12's plugin; 0.10.2's
-carries none: pass the spec file's path instead). The process must run with
-``JAX_PLATFORMS=cpu`` set before jax is imported (the entry point does it; without it the
-plugin's initialisation fails on a host without CUDA).
+carries none: pass the spec file's path instead). JAX must run on the CPU platform only
+(``jax_platforms='cpu'`` before any backend starts: tools/gpu_compile.py's main sets it, the
+test suite's conftest sets ``JAX_PLATFORMS``); otherwise the plugin's backend fails to start on
+a host without CUDA and the topology is refused.
 """
 
 from __future__ import annotations
