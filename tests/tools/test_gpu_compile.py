@@ -21,12 +21,12 @@ memory against the performance model's figure.
 
 from __future__ import annotations
 
-import jax
 import pytest
 
 from boost_jax.analysis import gpu_target
 from boost_jax.analysis.hlo import collectives
 from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
+from tests.analysis.test_cuda_lowering import _param_sized
 
 #: what a second JAX can change: CI's newest stack runs these (the only stack with the extra)
 pytestmark = pytest.mark.jax_sensitive
@@ -69,9 +69,7 @@ def test_a_traffic_equals_the_formula(program):
 
 def test_c_no_parameter_sized_fp32_collective_but_the_data_reduction(program):
     _, model, _, _, hlo = program
-    local = [sh.shard_shape(s.shape) for s, sh in zip(
-        jax.tree.leaves(model.param_shapes()), jax.tree.leaves(model.param_shardings))]
-    sized = {shape[i:] for shape in local for i in range(len(shape))}
+    sized = _param_sized(model)
     colls = collectives(hlo, tuple(model.mesh.devices.shape), tuple(model.mesh.axis_names))
     fp32 = [(c.op, c.axes, c.shape) for c in colls if c.dtype == "f32" and c.shape in sized]
     assert all(axes == ("data",) for _, axes, _ in fp32), fp32
