@@ -5,7 +5,15 @@ Everything here runs before JAX is imported by any test module.
 
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
+
+
+def _jaxlib_minor() -> int:
+    """jaxlib's minor version (10 for 0.10.2), read without importing it: XLA reads its flags
+    when JAX starts its backends."""
+    return int(version("jaxlib").split(".")[1])
+
 
 # the suite runs on 8 simulated CPU devices; on a GPU host BOOST_JAX_GPU_TESTS=1 adds the GPU as a
 # second platform (the default stays CPU) for the tests marked `gpu` (tests/gpu.py)
@@ -21,6 +29,14 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # start) inherit it; the commands and benchmarks outside the suite compile at XLA's default.
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# On jaxlib 0.10 (CI's floor stack; measured there only) also XLA:CPU's legacy elemental
+# emitters instead of its MLIR fusion emitters (jaxlib 0.12 has no such option): the MLIR
+# emitters build a context and pattern sets per kernel, most of a compile's time (the floor
+# stack's CPU time 3,270 s -> 1,930 s). They change XLA:CPU's fusion decisions, not the
+# partitioned program: the collectives, the dots and the argument and output sizes are the
+# default's, the temporary size within 0.1 % (tests/test_suite_settings.py).
+if _jaxlib_minor() == 10 and "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 # LORO's exact step calls LAPACK inside XLA's own thread pool (parallel/loro_qr.py,
 # lapack_threads_limited): as the entry points do (cli.limit_lapack_threads), before anything
 # loads scipy's OpenBLAS

@@ -69,16 +69,24 @@ def train_in_process(workdir, bindings, **values) -> int:
     """``python -m boost_jax.train --workdir=WORKDIR --gin_param=B...`` in this process (a
     reference run costs no new process): its exit code. The run uses all the suite's 8
     devices, so its mesh must have 8 (a smaller one is refused once JAX has started)."""
+    from absl import logging as absl_logging
     from absl.testing import flagsaver
 
     from boost_jax.train import main as train_main
 
+    # the command sets absl's verbosity and filters absl's handler; restoring the flags sets
+    # the absl logger's level to the default verbosity's WARNING, which would hide later tests'
+    # INFO lines from caplog: both are put back as they were
+    logger, handler = absl_logging.get_absl_logger(), absl_logging.get_absl_handler()
+    level, filters = logger.level, list(handler.filters)
     gin.clear_config()  # parsing finalises (locks) the config
     try:
         with flagsaver.flagsaver(workdir=str(workdir), gin_param=list(bindings), **values):
             return train_main.main(["boost_jax.train"])
     finally:
         gin.clear_config()
+        logger.setLevel(level)
+        handler.filters[:] = filters
 
 
 def _train_main(capsys, workdir, bindings, **values):
