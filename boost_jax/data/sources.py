@@ -21,6 +21,7 @@ import gzip
 import io
 import json
 import lzma
+import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -129,21 +130,44 @@ def read_documents(paths: Sequence[str | Path], text_field: str = "text",
             raise PrepareError(f"{path}: cannot read it ({err})") from err
 
 
+#: what an undecodable byte becomes when read with ``errors="surrogateescape"``: one lone
+#: surrogate U+DC80-U+DCFF per byte, which no UTF-8 text decodes to
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
 def _file_documents(path: Path, text_field: str, count: Callable[[int], None]) -> Iterator[str]:
-    """A text file's one document, or a JSONL file's ``text_field`` of every line."""
+    """A text file's one document, or a JSONL file's ``text_field`` of every line. The text
+    must be UTF-8: a file with bytes that are not is a :class:`PrepareError` that counts them
+    (the whole file read) and says where the first is -- never text silently replaced."""
     suffixes = path.suffixes
     opener = _OPENERS.get(suffixes[-1] if suffixes else "")
     base = suffixes[-2] if opener and len(suffixes) > 1 else path.suffix
     with open(path, "rb", buffering=0) as raw:
         binary = io.BufferedReader(_Counted(raw, count), 64 * 1024)
         with io.TextIOWrapper(opener(binary) if opener else binary, encoding="utf-8",
-                              errors="replace") as f:
+                              errors="surrogateescape") as f:
             if base in (".jsonl", ".json"):
                 for n, line in enumerate(f, 1):
+                    if _UNDECODED.search(line):
+                        _not_utf8(path, f"line {n}", line, f)
                     if line.strip():
                         yield _jsonl_text(path, n, line, text_field)
             else:
-                yield f.read()
+                text = f.read()
+                if _UNDECODED.search(text):
+                    _not_utf8(path, "the text", text, ())
+                yield text
+
+
+def _not_utf8(path: Path, where: str, text: str, rest: Iterator[str]) -> None:
+    """Raise the :class:`PrepareError` of a file that is not UTF-8: ``text`` holds the first
+    undecodable bytes (at ``where``), ``rest`` is the file's text after it (counted too)."""
+    first = _UNDECODED.search(text)
+    byte = ord(first.group()) - 0xDC00
+    bad = len(_UNDECODED.findall(text)) + sum(len(_UNDECODED.findall(t)) for t in rest)
+    raise PrepareError(f"{path}: {bad} byte(s) that are not UTF-8 (the first, 0x{byte:02x}, in "
+                       f"{where}); prepare reads UTF-8 text: convert the file first, e.g. "
+                       f"iconv -f latin1 -t utf-8")
 
 
 def _jsonl_text(path: Path, n: int, line: str, text_field: str) -> str:

@@ -347,6 +347,12 @@ BAD = {
                                 "(fields: body)"),
     "malformed jsonl line late": ({"input": "{t}/late.jsonl", "chunk_mb": "0.0001"},
                                   "late.jsonl:3: not valid JSON"),
+    "latin-1 text": ({"input": "{t}/latin1.txt"}, "{t}/latin1.txt: 2 byte(s) that are not "
+                     "UTF-8 (the first, 0xe9, in the text); prepare reads UTF-8 text: convert "
+                     "the file first, e.g. iconv -f latin1 -t utf-8"),
+    "latin-1 jsonl line late": ({"input": "{t}/latin1.jsonl", "chunk_mb": "0.0001"},
+                                "latin1.jsonl: 1 byte(s) that are not UTF-8 (the first, 0xe9, "
+                                "in line 3)"),
     "eval fraction": ({"eval_fraction": "1.5"}, "--eval_fraction=1.5 must be in [0, 1)"),
     "pattern matches nothing": ({"input": "{t}/c4", "pattern": "c4-train.*.json.gz"},
                                 "--pattern='c4-train.*.json.gz' matches none of the 1 files "
@@ -384,13 +390,17 @@ def test_a_user_error_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, ca
     (t / "taken" / "notes.md").write_text("mine")
     (t / "body.jsonl").write_text(json.dumps({"body": TEXT}) + "\n")
     (t / "late.jsonl").write_text(2 * (json.dumps({"text": TEXT}) + "\n") + "{oops\n")
+    (t / "latin1.txt").write_bytes(f"{TEXT} café, naïve".encode("latin-1"))
+    (t / "latin1.jsonl").write_bytes((2 * (json.dumps({"text": TEXT}) + "\n") +
+                                      '{"text": "café"}\n').encode("latin-1"))
     (t / "c4").mkdir()
     (t / "c4" / "notes.txt").write_text(TEXT)
     overrides, expected = BAD[case]
     flags = {"input": "{t}/in.txt", "output": "{t}/out", "tokenizer": "llama32k",
              "workers": "0", **overrides}
     args = [f"--{k}={v}" if k else v for k, v in flags.items() if v is not None]
-    late = case == "malformed jsonl line late"  # found while writing: what was written goes
+    # found while writing: what was written goes
+    late = case in ("malformed jsonl line late", "latin-1 jsonl line late")
     before = _snapshot(tmp_path, directories=not late)
     code, err = _main(capsys, *(a.format(t=t) for a in args))
     assert code == 2
