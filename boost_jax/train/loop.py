@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -310,8 +311,20 @@ class _Run:
         self.run_files.upload()
 
 
-def _check_writable(workdir: Path) -> None:
-    """Create ``workdir`` if needed and write a file there, before any work is done."""
+#: a URL's scheme (RFC 3986): ``s3://``, ``gs://``, ``file://``, ...
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _check_writable(workdir: str | Path) -> Path:
+    """Create ``workdir`` if needed and write a file there, before any work is done: its
+    absolute path. A URL is refused (the workdir is local; a bucket takes the checkpoints):
+    ``Path`` would make ``s3://b/run`` a directory ``s3:`` beside the current one."""
+    if _URL.match(str(workdir)):
+        raise ConfigError(f"--workdir={workdir}: the workdir is a local directory (metrics, "
+                          "logs, the run's files); checkpoints can go to a bucket: "
+                          f"--checkpoint_dir={str(workdir).rstrip('/')}/checkpoints with a local "
+                          "--workdir")
+    workdir = Path(workdir).absolute()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write-test-"):
@@ -319,6 +332,7 @@ def _check_writable(workdir: Path) -> None:
     except OSError as err:
         raise ConfigError(f"--workdir={workdir} is not writable ({err.strerror or err}); "
                           "choose another --workdir") from None
+    return workdir
 
 
 def _nothing_to_do(r: _Run, step: int) -> Summary:
@@ -342,8 +356,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
     (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
     fails."""
-    t_start, workdir = time.perf_counter(), Path(workdir).absolute()
-    _check_writable(workdir)
+    t_start, workdir = time.perf_counter(), _check_writable(workdir)
     with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir)
         with contextlib.closing(r.train_it):  # its prefetch thread ends, whatever happens

@@ -106,6 +106,15 @@ def test_a_workdir_that_cannot_be_written_is_refused_first(tmp_path, monkeypatch
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
+    # a bucket URL (buckets take checkpoints, --checkpoint_dir): refused, no local "s3:" made
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _train_main(capsys, "s3://bucket/run", ["Model.size='tiny'"])
+    (error,) = [line for line in err.splitlines() if "error" in line]
+    assert code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    assert error.startswith("boost_jax.train: error: --workdir=s3://bucket/run: the workdir is a "
+                            "local directory")
+    assert "--checkpoint_dir=s3://bucket/run/checkpoints" in error
+
     monkeypatch.setattr("tempfile.NamedTemporaryFile", denied)  # read-only, even for root
     code, _, err = _train_main(capsys, tmp_path / "ro", ["Model.size='tiny'"])
     assert code == 2 and f"--workdir={tmp_path / 'ro'} is not writable (Permission denied)" in err
