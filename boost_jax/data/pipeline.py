@@ -129,11 +129,15 @@ def open_dataset(data: Data) -> Dataset:
             raise ConfigError(f"Data.path={data.path!r}: {err}") from None
     else:
         path = Path(data.path)
+    verify = f"check it with python -m boost_jax.data.prepare --verify={path}"
     try:
         meta = read_manifest(path)
     except FileNotFoundError:
         raise ConfigError(f"Data.path={data.path!r}: no prepared dataset there (missing "
                           f"manifest.json; run python -m boost_jax.data.prepare)") from None
+    except ValueError as err:  # json's error: a truncated or overwritten manifest
+        raise ConfigError(f"Data.path={data.path!r}: its manifest is not valid JSON ({err}); "
+                          f"{verify}, or prepare the dataset again") from None
     if meta.get("format", 1) < 2:
         if data.packing == "document":
             raise ConfigError(f"Data.path={data.path!r}: Data.packing='document' needs the "
@@ -144,6 +148,12 @@ def open_dataset(data: Data) -> Dataset:
     for f in files:
         if not f.is_file():
             raise ConfigError(f"Data.path={data.path!r}: missing {f.relative_to(path)}")
+    for shard in meta.get("shards", []):  # a truncated shard, before it is memory-mapped
+        f = path / "shards" / shard["file"]
+        expected = shard["tokens"] * np.dtype(meta["dtype"]).itemsize
+        if (size := f.stat().st_size) != expected:
+            raise ConfigError(f"Data.path={data.path!r}: {f.relative_to(path)} holds {size:,} "
+                              f"bytes, its manifest says {expected:,} (truncated?); {verify}")
     return Dataset(path, meta, data)
 
 

@@ -126,6 +126,24 @@ def test_missing_and_bad_datasets(tmp_path):
         open_dataset(Data(path="bundled:klingon", cache_dir=str(tmp_path)))
 
 
+def test_a_truncated_manifest_or_shard_is_one_line(tiny_data, tmp_path):
+    """A dataset damaged after prepare (a copy cut short): its manifest or a shard truncated is
+    a ConfigError (one line from the commands, exit 2) naming the file and the check to run,
+    not json's or numpy's traceback when the file is read or memory-mapped."""
+    import shutil
+
+    for victim in ("manifest.json", "shard"):
+        copy = tmp_path / victim
+        shutil.copytree(tiny_data, copy)
+        (f,) = (copy / "shards").glob("*.bin") if victim == "shard" else [copy / victim]
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+        with pytest.raises(ConfigError) as err:
+            open_dataset(Data(path=str(copy)))
+        assert "\n" not in str(err.value) and f"--verify={copy}" in str(err.value)
+        assert ("not valid JSON" if victim == "manifest.json" else
+                f"{f.relative_to(copy)} holds {f.stat().st_size:,} bytes") in str(err.value)
+
+
 def test_bundled_corpus_prepares_once(tmp_path):
     data = Data(path="bundled:shakespeare", tokenizer="bpe:512", cache_dir=str(tmp_path))
     ds = open_dataset(data)
