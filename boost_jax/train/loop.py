@@ -48,7 +48,7 @@ from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
-from boost_jax.train import data_state
+from boost_jax.train import checkpoint_record, data_state
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.goodput import Goodput, read_history
 from boost_jax.train.goodput import summary as goodput_summary
@@ -189,6 +189,9 @@ class _Run:
             raise ConfigError(f"no usable checkpoint in {self.ckpt.directory}: every one was "
                               f"damaged and moved aside ({names}); rerun with --fresh_start to "
                               "train from step 0 in this workdir")
+        if not self.ckpt.quarantined:
+            checkpoint_record.refuse_a_silent_restart(self.workdir, self.ckpt.directory,
+                                                      fresh_start)
         m = self.config.model
         n_params = sum(math.prod(d.shape) for d in model.defs.values())
         say(f"initialised {m.arch}/{m.size} ({n_params:,} parameters) from seed {self.t.seed}")
@@ -255,6 +258,8 @@ class _Run:
             self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
                            {**self.meta, "data_state": position}, wait=wait)
             self.run_files.upload()  # the metrics to this step, beside the checkpoint
+            if self.lead:
+                checkpoint_record.write(self.workdir, self.ckpt.steps(), self.ckpt.directory)
 
     def train(self, state: dict, start: int, stop: StopRequest) -> tuple[dict, int, float | None]:
         """Steps until ``Train.steps`` or an agreed stop (:attr:`signal`). Metrics of step

@@ -37,8 +37,8 @@ flags.DEFINE_string("checkpoint_dir", None, "where checkpoints go (default: "
 flags.DEFINE_bool("print_config", False, "print every gin-configurable field (binding, type, "
                   "default, what a resume may do with it, meaning) and exit")
 flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint of --workdir "
-                  "is damaged (they are moved aside, never deleted); without it that is an "
-                  "error")
+                  "is damaged (they are moved aside, never deleted), or when none is found "
+                  "where the workdir's run committed one; without it both are errors")
 
 EXIT_STORAGE = 1  # a checkpoint could not be written (disk full, ...) or read (I/O errors)
 

@@ -121,6 +121,32 @@ def test_other_model_in_workdir_is_refused(tiny_data, tmp_path, arch, single_dev
     assert [p.name for p in (workdir / "checkpoints").iterdir()] == ["10"]
 
 
+def test_a_restart_without_the_committed_checkpoints_is_refused(tiny_data, tmp_path,
+                                                                 single_device):
+    """Guards train/checkpoint_record.py: the 10-step run's workdir records its committed
+    checkpoint 10; a restart pointed at a checkpoint directory without it (a forgotten or changed
+    --checkpoint_dir, an emptied directory) stops in one line naming where the checkpoints were,
+    instead of training from step 0; --fresh_start removes the record (and would train)."""
+    from boost_jax.train import checkpoint_record
+
+    workdir = tmp_path / "run"
+    shutil.copytree(single_device[1], workdir)
+    record = json.loads((workdir / checkpoint_record.RECORD).read_text())
+    assert record == {"step": 10, "directory": str(single_device[1] / "checkpoints")}
+    with pytest.raises(ConfigError) as err:
+        run(_config(tiny_data, 12), workdir, jax.devices()[:1],
+            checkpoint_dir=str(tmp_path / "elsewhere"))
+    assert str(err.value) == (
+        f"no checkpoint in {tmp_path / 'elsewhere'}, but this workdir's run committed one at "
+        f"step 10 in {record['directory']} ({workdir / checkpoint_record.RECORD}): resume with "
+        f"--checkpoint_dir={record['directory']}, or rerun with --fresh_start to train from step "
+        "0 in this workdir")
+    checkpoint_record.refuse_a_silent_restart(workdir, tmp_path / "elsewhere", fresh_start=True)
+    assert not (workdir / checkpoint_record.RECORD).exists()
+    checkpoint_record.write(workdir, [], tmp_path)  # nothing committed (killed before a save)
+    assert not (workdir / checkpoint_record.RECORD).exists()
+
+
 def test_bfloat16_compute(tiny_data, tmp_path, single_device):
     f32 = single_device[0]
     bf16 = run(_config(tiny_data, 10, dtype="bfloat16"), tmp_path / "bf16", jax.devices()[:1])
