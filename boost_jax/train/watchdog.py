@@ -11,7 +11,9 @@ HANG_FACTOR x the median of the last MEDIAN_STEPS step times)`` (:func:`hang_lim
 ``None`` turns the watchdog off. It runs from the first step's dispatch (after the train
 step is compiled) to the end of the training loop, and not during checkpoint saves, evals and
 samples (:meth:`Watchdog.paused`: the count starts again after them) -- nor during the
-restore, the compilation, the final checkpoint and eval.
+restore, the compilation, the final checkpoint and eval. It counts the time the process could
+run: a process stopped and continued (SIGSTOP / SIGCONT, a suspended job) is not taken for a
+hung one (:data:`SUSPENDED_S`).
 
 When it fires: one line on stderr, every thread's Python stack to
 ``<workdir>/hang-step<N>-process<i>.txt`` (``faulthandler.dump_traceback``, appended; ``N``
@@ -49,6 +51,10 @@ HANG_FACTOR = 20.0
 MEDIAN_STEPS = 100
 #: the longest wait between two looks at the clock, in seconds
 POLL_S = 1.0
+#: a look at the clock that comes this many seconds later than asked means the process did not
+#: run in between (stopped: SIGSTOP, ``scontrol suspend``, a laptop's sleep): that time is not
+#: counted -- a hung process still runs its watchdog thread every POLL_S
+SUSPENDED_S = 5.0
 PROG = "boost_jax.train"
 
 
@@ -82,9 +88,11 @@ class Watchdog:
 
     def __init__(self, setting: float | None, workdir: Path, process: int,
                  exit: Callable[[int], object] = os._exit,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S):
         self.setting, self.workdir, self.process = setting, workdir, process
-        self._exit, self._clock = exit, clock
+        self._exit, self._clock, self._poll_s = exit, clock, poll_s
+        # looks at the clock; seconds the process was stopped since the last step or pause
+        self.polls, self.stopped = 0, 0.0
         self._lock = threading.Lock()
         self._times: collections.deque[float] = collections.deque(maxlen=MEDIAN_STEPS)
         self._last, self._paused, self.step = clock(), 0, 0
@@ -109,7 +117,7 @@ class Watchdog:
         """Step ``step`` finished after ``step_time`` seconds."""
         with self._lock:
             self._times.append(step_time)
-            self._last, self.step = self._clock(), step
+            self._last, self.step, self.stopped = self._clock(), step, 0.0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -121,7 +129,7 @@ class Watchdog:
         finally:
             with self._lock:
                 self._paused -= 1
-                self._last = self._clock()
+                self._last, self.stopped = self._clock(), 0.0
 
     def limit(self) -> float | None:
         """The limit now, in seconds (:func:`hang_limit`)."""
@@ -130,12 +138,18 @@ class Watchdog:
         return hang_limit(self.setting, times)
 
     def _watch(self) -> None:
+        polled = self._clock()
         while True:
             limit = self.limit()
-            if self._done.wait(min(POLL_S, limit / 5)):
+            timeout = min(self._poll_s, limit / 5)
+            if self._done.wait(timeout):
                 return
             with self._lock:
-                waited = self._clock() - self._last
+                now = self._clock()
+                if (late := now - polled - timeout) > SUSPENDED_S:  # the process was stopped
+                    self._last, self.stopped = self._last + late, self.stopped + late
+                polled, self.polls = now, self.polls + 1
+                waited = now - self._last
                 if self._paused or waited <= limit:
                     continue
             self._fire(waited, limit)
@@ -145,8 +159,10 @@ class Watchdog:
         how = (f"Train.hang_timeout_s={self.setting:g}" if self.setting else
                f"Train.hang_timeout_s=0: max({HANG_FLOOR_S:g} s, {HANG_FACTOR:g} x the median "
                "step time)")
+        stopped = (f", not counting {self.stopped:.0f} s the process was stopped"
+                   if self.stopped else "")
         what = (f"no train step finished in the {limit:.4g} s after step {self.step} ({how}; "
-                f"waited {waited:.1f} s)")
+                f"waited {waited:.1f} s{stopped})")
         path = self.workdir / f"hang-step{self.step}-process{self.process}.txt"
         try:
             with path.open("a") as f:

@@ -43,29 +43,60 @@ def _stuck_in_this_frame(fired: list, seconds: float) -> bool:
     return bool(fired)
 
 
+def _runs(dog: Watchdog, clock: _Clock, seconds: float, tick: float = 1.0) -> None:
+    """``seconds`` of the test clock pass while the process runs: ``tick`` at a time, each
+    seen by the watchdog (a look at the clock, :attr:`Watchdog.polls`); one tick of many
+    seconds is a process stopped between two looks."""
+    while seconds > 0:
+        clock.now += min(tick, seconds)
+        seconds -= tick
+        seen = dog.polls
+        deadline = time.monotonic() + 10
+        while dog.polls == seen and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+
 def test_it_fires_after_the_limit_only_outside_pauses(tmp_path):
     """On a test clock: beats keep it quiet, a pause of any length does not count, and
     ``limit`` seconds without a step write every thread's stack and exit with EXIT_HANG."""
     clock, fired = _Clock(), []
-    dog = Watchdog(10.0, tmp_path, 3, exit=fired.append, clock=clock)
+    dog = Watchdog(10.0, tmp_path, 3, exit=fired.append, clock=clock, poll_s=0.01)
     with dog:
         for step in range(1, 4):
-            clock.now += 9.0
+            _runs(dog, clock, 9.0)
             dog.beat(step, 9.0)
-        assert not _stuck_in_this_frame(fired, 2.5)
         with dog.paused():  # a checkpoint save
-            clock.now += 1000.0
-            assert not _stuck_in_this_frame(fired, 2.5)
-        clock.now += 9.5  # counted from the pause's end
-        assert not _stuck_in_this_frame(fired, 2.5)
-        clock.now += 1.0
+            _runs(dog, clock, 1000.0, tick=100.0)
+            assert not fired
+        _runs(dog, clock, 9.5)  # counted from the pause's end
+        assert not _stuck_in_this_frame(fired, 0.2)
+        _runs(dog, clock, 1.0)
         assert _stuck_in_this_frame(fired, 30)
     assert fired == [EXIT_HANG]
     assert dog.fired == tmp_path / "hang-step3-process3.txt"
     text = dog.fired.read_text()
     assert ("process 3: no train step finished in the 10 s after step 3 "
             "(Train.hang_timeout_s=10; waited 10.5 s)") in text
-    assert "_stuck_in_this_frame" in text and "_watch" in text  # every thread
+    # every thread: the main one (in this test) and the watchdog's
+    assert "in test_it_fires_after_the_limit_only_outside_pauses" in text and "_watch" in text
+
+
+def test_a_stopped_process_is_not_taken_for_a_hung_one(tmp_path):
+    """A process stopped and continued (SIGSTOP / SIGCONT, ``scontrol suspend``): its watchdog
+    thread did not run either, so it sees the clock come back far later than it asked; that
+    time is not counted (SUSPENDED_S), the time it ran before and after is."""
+    clock, fired = _Clock(), []
+    dog = Watchdog(10.0, tmp_path, 0, exit=fired.append, clock=clock, poll_s=0.01)
+    with dog:
+        _runs(dog, clock, 6.0)
+        _runs(dog, clock, 3600.0, tick=3600.0)  # stopped between two looks: an hour
+        _runs(dog, clock, 3.0)
+        assert not _stuck_in_this_frame(fired, 0.2) and dog.stopped > 3590, dog.stopped
+        _runs(dog, clock, 1.0)  # 10.01 s counted (each look waits poll_s: 0.01)
+        assert _stuck_in_this_frame(fired, 30)
+    text = dog.fired.read_text()
+    assert "(Train.hang_timeout_s=10; waited 10.0 s, not counting 3600 s the process was " \
+           "stopped)" in text
 
 
 def test_off_it_starts_no_thread(tmp_path):
