@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import re
 
 
 class Failure(enum.IntEnum):
@@ -72,6 +74,24 @@ def classify(err: BaseException) -> Failure:
     return Failure.UNKNOWN
 
 
+#: how TensorStore names the file and the OS error in a status message, e.g. (tensorstore
+#: 0.1.x, a full disk) ``RESOURCE_EXHAUSTED: Error writing local file "/ckpt/8/.../c/0": ...
+#: No space left on device [os_error_code='28']``
+_TS_OS_ERROR = re.compile(r"\[os_error_code='(\d+)'\]")
+_TS_FILE = re.compile(r'local file "([^"]+)"')
+
+
 def os_error(err: BaseException) -> OSError | None:
-    """The OSError behind ``err`` (itself, or along its causes), if any."""
-    return next((e for e in _chain(err) if isinstance(e, OSError)), None)
+    """The OSError behind ``err`` (itself, or along its causes), if any -- or the one a
+    TensorStore status error reports in its text (TensorStore raises ValueError, its OS error
+    code in the message: a full disk is ``RESOURCE_EXHAUSTED ... [os_error_code='28']``)."""
+    chain = _chain(err)
+    found = next((e for e in chain if isinstance(e, OSError)), None)
+    if found is not None:
+        return found
+    for e in chain:
+        if code := _TS_OS_ERROR.search(str(e)):
+            where = _TS_FILE.search(str(e))
+            number = int(code.group(1))
+            return OSError(number, os.strerror(number), where.group(1) if where else None)
+    return None

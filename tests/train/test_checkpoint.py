@@ -263,6 +263,32 @@ def test_a_full_disk_stops_the_run_and_keeps_the_older_checkpoints(tiny_data, ei
     assert sorted(_losses(workdir)) == list(range(1, 13))
 
 
+#: what TensorStore 0.1.x raised writing a checkpoint's array to a full 2 MB tmpfs (recorded
+#: 2026-11-28): a ValueError, the OS error only in its text
+TENSORSTORE_FULL_DISK = (
+    'RESOURCE_EXHAUSTED: Error writing local file "{path}": Failed writing: "{path}.__lock": '
+    "Failed to write 2101248 bytes to file 3: No space left on device [os_error_code='28']")
+
+
+def test_a_full_disk_seen_by_tensorstore_is_one_line(tmp_path, monkeypatch):
+    """Guards read_failures.os_error on TensorStore's errors: a full disk reported by TensorStore
+    (a ValueError whose text holds the file and ``os_error_code='28'``, not an OSError) is the
+    same one-line CheckpointWriteError as an OSError: the file, "No space left on device", the
+    checkpoint's size."""
+    ckpt = Checkpointer(tmp_path / "ckpt", keep=2, asynchronous=False)
+    path = str(tmp_path / "ckpt" / "3" / "state" / "c" / "0")
+
+    def full(*args, **kwargs):
+        raise ValueError(TENSORSTORE_FULL_DISK.format(path=path))
+
+    monkeypatch.setattr(ckpt.mngr, "save", full)
+    with pytest.raises(CheckpointWriteError) as err:
+        ckpt.save(3, {"w": jnp.zeros((1024, 256))}, {})
+    assert str(err.value).startswith(f"could not write a checkpoint to {path}: No space left on "
+                                     "device; a checkpoint takes about 1 MiB")
+    assert "\n" not in str(err.value)
+
+
 def test_rerunning_a_finished_run_adds_nothing(tiny_data, eight_steps, tmp_path, capsys):
     workdir = _copy(eight_steps, tmp_path)
     before = {p.name: p.read_bytes() for p in workdir.glob("metrics*.jsonl")}
