@@ -26,8 +26,9 @@ checksum intact; every value is finite and the state is of that step
   optimizer switched, an optax upgrade): :class:`~boost_jax.train.resume.ResumeMismatch`, one
   line naming what differs; nothing is read further, moved or written;
 - **anything else** (an I/O error, an error of unknown kind): retried ``READ_ATTEMPTS`` times
-  with a growing pause, logged; still failing, :class:`CheckpointReadError`, one line; the
-  checkpoint is left where it is.
+  with a growing pause, logged; still failing, the step's files are compared with the sizes
+  recorded when it was saved (:data:`SIZES`): another size is damage (above), the same sizes a
+  :class:`CheckpointReadError`, one line; the checkpoint is left where it is.
 
 Every process takes each decision together (an all-gather of the worst outcome), so damage
 that one host sees is damage everywhere and a retry is a retry everywhere. A save that fails (a
@@ -40,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import os
 import sys
 import time
@@ -60,6 +62,9 @@ from boost_jax.train.resume import ResumeMismatch
 ITEMS = ("state", "meta")
 TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's suffix for a step still being written
 READ_ATTEMPTS = 4  # reads of a checkpoint item before an error that is not damage is reported
+#: in a committed step's directory: the size of each of its files when it was saved, the record
+#: a read that keeps failing is checked against (a file of another size is damage)
+SIZES = "file_sizes.json"
 RETRY_DELAY_S = 1.0  # the pause before the first retry; doubled before each next one
 
 
@@ -135,6 +140,7 @@ class Checkpointer:
         self.directory = storage.checkpoint_path(directory)
         self.keep, self.asynchronous = keep, asynchronous
         self.quarantined: list[epath.Path] = []  # moved aside by this process's restore
+        self._saved: list[int] = []  # saved by this checkpointer, their sizes not yet recorded
         self._bytes = 0
         self._checksums = ChunkChecksums(self.directory)  # the arrays written under it
         if jax.process_index() == 0:
@@ -175,10 +181,40 @@ class Checkpointer:
         self._checksums.arm()  # this save's decision (integrity.chunk_checksums_off)
         try:
             self.mngr.save(step, args=args, force=True)
+            self._saved.append(step)
             if wait:
                 self.mngr.wait_until_finished()
         except Exception as err:  # a failed background write surfaces here too
             raise self._abandon(err) from err
+        self._record_sizes()
+
+    def _record_sizes(self) -> None:
+        """Process 0 writes :data:`SIZES` into each step this checkpointer saved once the step
+        is committed (an asynchronous save: at a later save or :meth:`wait`)."""
+        committed = set(self.mngr.all_steps())
+        for step in [s for s in self._saved if s in committed]:
+            self._saved.remove(step)
+            if jax.process_index() == 0:
+                path = self.directory / str(step)
+                try:
+                    (path / SIZES).write_text(json.dumps(storage.file_sizes(path)))
+                except FileNotFoundError:  # already removed (Train.keep_checkpoints)
+                    pass
+
+    def _sizes_differ(self, step: int) -> str | None:
+        """How step ``step``'s files differ from the sizes recorded when it was saved (None
+        when they do not, or nothing was recorded: written by an older version)."""
+        path = self.directory / str(step)
+        try:
+            recorded = json.loads((path / SIZES).read_text())
+        except (OSError, ValueError):
+            return None
+        now = storage.file_sizes(path)
+        for name, size in sorted(recorded.items()):
+            if now.get(name) != size:
+                found = f"{now[name]:,} bytes" if name in now else "missing"
+                return f"{name} is {found}, {size:,} bytes when it was saved"
+        return None
 
     def _write_error(self, err: Exception) -> Exception:
         os_err = os_error(err)
@@ -206,6 +242,7 @@ class Checkpointer:
             self.mngr.wait_until_finished()
         except Exception as err:
             raise self._abandon(err) from err
+        self._record_sizes()
 
     def close(self) -> None:
         try:
@@ -284,6 +321,12 @@ class Checkpointer:
             time.sleep(delay)
         if worst == Failure.MISSING:  # still missing after every retry: it is not there
             return None, why
+        # damage only if proven: a file whose size is not the one recorded at save (process 0's
+        # check, one decision for every process)
+        differs = self._sizes_differ(step) if jax.process_index() == 0 else None
+        if distributed.lead_values([int(differs is not None)])[0]:
+            return None, (f"its files are not those saved: {differs}" if differs else
+                          "its files are not those saved (process 0's check)")
         raise CheckpointReadError(
             f"could not read checkpoint {step}'s {what} in {self.directory} after "
             f"{READ_ATTEMPTS} attempts ({why}); it is left in place, not moved: rerun when the "

@@ -143,6 +143,18 @@ def remove(path: epath.Path) -> None:
         pass
 
 
+def file_sizes(directory: epath.Path, prefix: str = "") -> dict[str, int]:
+    """``{path relative to directory: size in bytes}`` of every file under ``directory`` (a
+    listing per folder: epath globs no ``**`` on object stores)."""
+    sizes = {}
+    for path in directory.iterdir():
+        if path.is_dir():
+            sizes.update(file_sizes(path, f"{prefix}{path.name}/"))
+        else:
+            sizes[prefix + path.name] = path.stat().length
+    return sizes
+
+
 def free_bytes(directory: epath.Path) -> int | None:
     """Free bytes on the local disk holding ``directory``; None on an object store or when it
     does not exist."""

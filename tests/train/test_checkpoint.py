@@ -434,3 +434,29 @@ def test_an_optimizer_state_of_another_shape_is_a_mismatch(tiny_data, eight_step
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
     monkeypatch.undo()
     assert run(_cfg(tiny_data, 9), workdir, ONE).start_step == 8
+
+
+def test_a_truncated_data_file_is_damage_by_the_recorded_sizes(tiny_data, eight_steps,
+                                                               tmp_path, monkeypatch, caplog):
+    """Guards Checkpointer's size record (checkpoint.SIZES): the newest checkpoint's largest
+    data file cut to half (TensorStore then says OUT_OF_RANGE, which alone proves nothing: a
+    storage error) keeps failing, its size is not the one recorded at save, so it is damage:
+    moved aside, and the run resumes from checkpoint 4 -- instead of stopping with "left in
+    place" at every rerun."""
+    from boost_jax.train import checkpoint
+
+    monkeypatch.setattr(checkpoint, "RETRY_DELAY_S", 0.0)
+    workdir = _copy(eight_steps, tmp_path)
+    step8 = workdir / "checkpoints" / "8"
+    recorded = json.loads((step8 / checkpoint.SIZES).read_text())
+    biggest = max((p for p in step8.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    name = str(biggest.relative_to(step8))
+    assert recorded[name] == biggest.stat().st_size and len(recorded) > 10
+    biggest.write_bytes(biggest.read_bytes()[:biggest.stat().st_size // 2])
+    caplog.set_level("WARNING")
+    s = run(_cfg(tiny_data, 9), workdir, ONE)
+    assert (s.start_step, s.step) == (4, 9)
+    assert (f"its files are not those saved: {name} is {recorded[name] // 2:,} bytes, "
+            f"{recorded[name]:,} bytes when it was saved") in caplog.text
+    assert [p.name.split("-")[:2] for p in (workdir / "checkpoints").glob("corrupt-*")] == [
+        ["corrupt", "8"]]
