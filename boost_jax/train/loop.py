@@ -258,8 +258,9 @@ class _Run:
             self.ckpt.save(step, to_checkpoint_layout(self.model, self.opt, state),
                            {**self.meta, "data_state": position}, wait=wait)
             self.run_files.upload()  # the metrics to this step, beside the checkpoint
+            committed = self.ckpt.steps()  # every process: one decision (a collective)
             if self.lead:
-                checkpoint_record.write(self.workdir, self.ckpt.steps(), self.ckpt.directory)
+                checkpoint_record.write(self.workdir, committed, self.ckpt.directory)
 
     def train(self, state: dict, start: int, stop: StopRequest) -> tuple[dict, int, float | None]:
         """Steps until ``Train.steps`` or an agreed stop (:attr:`signal`). Metrics of step
