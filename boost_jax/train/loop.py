@@ -31,8 +31,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import re
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,6 +72,7 @@ from boost_jax.train.step import (
 )
 from boost_jax.train.wandb_logger import WandbRun, check_available
 from boost_jax.train.watchdog import Watchdog
+from boost_jax.train.workdir import workdir_checked
 
 
 @dataclasses.dataclass
@@ -317,30 +316,6 @@ class _Run:
         self.run_files.upload()
 
 
-#: a URL's scheme (RFC 3986): ``s3://``, ``gs://``, ``file://``, ...
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def _check_writable(workdir: str | Path) -> Path:
-    """Create ``workdir`` if needed and write a file there, before any work is done: its
-    absolute path. A URL is refused (the workdir is local; a bucket takes the checkpoints):
-    ``Path`` would make ``s3://b/run`` a directory ``s3:`` beside the current one."""
-    if _URL.match(str(workdir)):
-        raise ConfigError(f"--workdir={workdir}: the workdir is a local directory (metrics, "
-                          "logs, the run's files); checkpoints can go to a bucket: "
-                          f"--checkpoint_dir={str(workdir).rstrip('/')}/checkpoints with a local "
-                          "--workdir")
-    workdir = Path(workdir).absolute()
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write-test-"):
-            pass
-    except OSError as err:
-        raise ConfigError(f"--workdir={workdir} is not writable ({err.strerror or err}); "
-                          "choose another --workdir") from None
-    return workdir
-
-
 def _nothing_to_do(r: _Run, step: int) -> Summary:
     """A finished run rerun: nothing is trained, evaluated or written."""
     r.ckpt.close()
@@ -362,7 +337,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
     (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
     fails."""
-    t_start, workdir = time.perf_counter(), _check_writable(workdir)
+    t_start, workdir = time.perf_counter(), workdir_checked(workdir)
     with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir)
         with contextlib.closing(r.train_it):  # its prefetch thread ends, whatever happens
