@@ -8,12 +8,18 @@ has a single-array ``meta.json`` instead; :func:`read_manifest` reads either.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 from boost_jax.data.sources import Inputs
 
 FORMAT_VERSION = 2
+#: what a dataset's tokens are, in its manifest (its paths, counts of files and arguments aside)
+_IDENTITY = ("format", "tokenizer_kind", "tokenizer", "vocab_size", "eos_id", "dtype",
+             "train_tokens", "eval_tokens", "eval_split")
+_SHARD_IDENTITY = ("tokens", "train_tokens", "crc32", "docs_crc32")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 def make_manifest(tok, dtype: str, records: dict[int, dict], train: Inputs, held: Inputs | None,
@@ -67,3 +73,21 @@ def eval_split_label(meta: dict) -> str:
     fraction = meta.get("eval_fraction")
     share = "" if fraction is None else f"--eval_fraction={fraction:g}; "
     return f"tail of the training shards ({share}no validation input)"
+
+
+def fingerprint(path: Path, meta: dict) -> str:
+    """What a prepared dataset's tokens are, in 16 hex digits: a SHA-256 over its manifest's
+    tokenizer and totals, every shard's token counts and CRC-32s (of the tokens and the
+    document offsets; data/shards.py) and the bytes of its tokenizer file. The same for a copy
+    of the dataset in another directory; another for a dataset prepared from other text, with
+    another tokenizer or another eval split. (A format-1 dataset: its arrays' sizes.)"""
+    h = hashlib.sha256()
+    ident = {k: meta.get(k) for k in _IDENTITY}
+    ident["shards"] = [[s.get(k) for k in _SHARD_IDENTITY] for s in meta.get("shards", [])]
+    if "shards" not in meta:
+        ident["sizes"] = [(path / f"{split}.npy").stat().st_size for split in ("train", "eval")]
+    h.update(json.dumps(ident, sort_keys=True).encode())
+    for name in _TOKENIZER_FILES:
+        if (path / name).is_file():
+            h.update((path / name).read_bytes())
+    return h.hexdigest()[:16]

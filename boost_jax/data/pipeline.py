@@ -25,6 +25,7 @@ Eval: the first ``n_batches`` global batches of the eval split, in order (no shu
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import numpy as np
 from absl import logging
 
 from boost_jax.config import ConfigError, Data
+from boost_jax.data.manifest import fingerprint
 from boost_jax.data.packing import DocumentPieces, packed_batches
 from boost_jax.data.prepare import default_cache_dir, ensure_bundled, read_manifest
 
@@ -111,6 +113,11 @@ class Dataset:
     @property
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What its tokens are (data/manifest.py :func:`fingerprint`), kept in checkpoints."""
+        return fingerprint(self.path, self.meta)
 
     def windows(self, split: str, seq_len: int) -> TokenWindows:
         return TokenWindows(self.path, split, seq_len)

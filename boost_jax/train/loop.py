@@ -46,7 +46,7 @@ from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
-from boost_jax.train import checkpoint_record, data_state
+from boost_jax.train import checkpoint_record, data_state, workdir_lock
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.goodput import Goodput, read_history
 from boost_jax.train.goodput import summary as goodput_summary
@@ -56,7 +56,7 @@ from boost_jax.train.profiling import StepProfiler
 from boost_jax.train.progress import compiling, duration, say
 from boost_jax.train.report import Diverged
 from boost_jax.train.report import Reporter as _Reporter
-from boost_jax.train.resume import check_resume
+from boost_jax.train.resume import check_data, check_resume
 from boost_jax.train.run_files import RunFiles
 from boost_jax.train.samples import Sampler, check_sample_size, host_params
 from boost_jax.train.signals import StopRequest
@@ -117,7 +117,8 @@ class _Run:
     sample, checkpoint, finish."""
 
     def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool,
-                 goodput: Goodput, checkpoint_dir: str | None = None):
+                 goodput: Goodput, checkpoint_dir: str | None = None,
+                 allow_data_change: bool = False):
         t = config.train
         check_sample_size(config.model, t)  # before anything is built or compiled
         check_available(t.wandb)
@@ -149,13 +150,17 @@ class _Run:
                                  checkpoint_async)
         self.run_files = RunFiles(workdir, self.ckpt.directory, enabled=self.lead)
         self.meta = {"config": config.to_dict(), "process_count": jax.process_count(),
-                     "worker_count": config.data.worker_count}  # + "data_state" at each save
+                     "worker_count": config.data.worker_count,
+                     "data_fingerprint": dataset.fingerprint}  # + "data_state" at each save
+        self.allow_data_change, self.data_change = allow_data_change, None
 
     def _check_meta(self, meta: dict) -> None:
         """Refuse a checkpoint this run cannot resume exactly (train/resume.py,
         train/data_state.py) before any array is read."""
         where = str(self.ckpt.directory)
         check_resume(meta.get("config", {}), self.config, where)
+        self.data_change = check_data(meta, self.meta["data_fingerprint"],
+                                      self.config.data.path, where, self.allow_data_change)
         self._position(meta, where)
 
     def _position(self, meta: dict, where: str) -> dict:
@@ -223,6 +228,8 @@ class _Run:
         flops = train_flops_per_token(self.config.model, t.seq_len) * tokens / mesh.size
         if start:  # the time inherited, kept should this process die before its next record
             self.writer.write(start, self.goodput.record(), prefix="")
+        if self.data_change:  # --allow_data_change: the run's history says so
+            self.writer.write_text(start, "data_changed", list(self.data_change), prefix="")
         self.report = _Reporter(self.writer, t, tokens, flops,
                                 peak_flops(kind, t.dtype, t.peak_tflops), self.goodput,
                                 self.watchdog)
@@ -327,7 +334,7 @@ def _nothing_to_do(r: _Run, step: int) -> Summary:
 
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
         checkpoint_async: bool = True, fresh_start: bool = False,
-        checkpoint_dir: str | None = None) -> Summary:
+        checkpoint_dir: str | None = None, allow_data_change: bool = False) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
 
     ``checkpoint_dir``: where the checkpoints go (default ``<workdir>/checkpoints``): a local
@@ -335,11 +342,14 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     train/storage.py).
 
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
-    (else that is a :class:`ConfigError`). Raises :class:`CheckpointWriteError` when a save
-    fails."""
+    (else that is a :class:`ConfigError`). ``allow_data_change``: resume on a dataset other
+    than the checkpoint's (train/resume.py :func:`check_data`). Raises
+    :class:`CheckpointWriteError` when a save fails."""
     t_start, workdir = time.perf_counter(), workdir_checked(workdir)
-    with StopRequest() as stop:  # until the last checkpoint is written (train/signals.py)
-        r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir)
+    # one run per workdir (train/workdir_lock.py); signals: until the last checkpoint is written
+    with workdir_lock.held(workdir), StopRequest() as stop:
+        r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
+                 allow_data_change)
         with contextlib.closing(r.train_it):  # its prefetch thread ends, whatever happens
             state, start = r.restore(fresh_start)
             if start >= config.train.steps:

@@ -12,11 +12,12 @@ moved aside); if all are damaged it stops with an error unless ``--fresh_start``
 Gin files are looked up as given, then in the repository's ``configs/`` directory.
 
 Exit codes: 0 done, 1 diverged or a checkpoint could not be written or read (storage errors
-that outlasted the retries), 2 bad input, including checkpoints that do not fit the config
-(one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 75 hung: no train step
-finished within ``Train.hang_timeout_s`` (every thread's stack in the workdir and the log;
-train/watchdog.py), 128 + N stopped by signal N (agreed across processes, after a checkpoint;
-or at once, without one, at a second signal).
+that outlasted the retries), 2 bad input, including checkpoints that do not fit the config or
+were trained on other data (``--allow_data_change``), and a workdir another run holds
+(train/workdir_lock.py) (one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 75
+hung: no train step finished within ``Train.hang_timeout_s`` (every thread's stack in the
+workdir and the log; train/watchdog.py), 128 + N stopped by signal N (agreed across processes,
+after a checkpoint; or at once, without one, at a second signal).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint
                   "is damaged (they are moved aside, never deleted), or when none is found "
                   "where the workdir's run committed one; without it both are errors")
 
+flags.DEFINE_bool("allow_data_change", False, "resume on a dataset other than the one the "
+                  "checkpoints were trained on (Data.path re-prepared from other text, another "
+                  "tokenizer or eval split); recorded in metrics.jsonl. Without it that resume "
+                  "is refused")
+
 EXIT_STORAGE = 1  # a checkpoint could not be written (disk full, ...) or read (I/O errors)
 
 
@@ -49,7 +55,8 @@ def _train(config) -> int:
 
     try:
         summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start,
-                      checkpoint_dir=FLAGS.checkpoint_dir)
+                      checkpoint_dir=FLAGS.checkpoint_dir,
+                      allow_data_change=FLAGS.allow_data_change)
     except (CheckpointWriteError, CheckpointReadError) as err:
         print(f"boost_jax.train: error: {err}", file=sys.stderr)
         return EXIT_STORAGE

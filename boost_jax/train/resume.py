@@ -11,6 +11,13 @@ classification (boost_jax/config_fields.py, declared next to every field in conf
 
 A field that the checkpoint's config does not hold (written before the field existed) is
 compared at its default.
+
+The data is part of the run's identity too: a checkpoint records the fingerprint of the
+dataset it was trained on (``meta["data_fingerprint"]``, data/manifest.py); a resume on a
+dataset with another fingerprint (``Data.path`` re-prepared from other text, with another
+tokenizer or eval split) is refused in one line unless the user says the change is intended
+(``--allow_data_change``; :func:`check_data`). Checkpoints older than the record are not
+checked.
 """
 
 from __future__ import annotations
@@ -85,3 +92,22 @@ def _refusal(refused: list[Change], where: str) -> str:
     return (f"{first.binding}={first.now!r} but the checkpoints in {where} were written with "
             f"{first.saved!r}{more}; use a new --workdir, or resume with "
             f"--gin_param=\"{first.binding}={first.saved!r}\"")
+
+
+def check_data(saved_meta: dict, fingerprint: str, data_path: str, where: str,
+               allow_change: bool) -> tuple[str, str] | None:
+    """``(the checkpoint's fingerprint, this dataset's)`` when they differ and ``allow_change``;
+    None when they agree (or the checkpoint has none); else :class:`ResumeMismatch`."""
+    saved = saved_meta.get("data_fingerprint")
+    if saved is None or saved == fingerprint:
+        return None
+    if not allow_change:
+        raise ResumeMismatch(
+            f"Data.path={data_path!r} holds other data than the checkpoints in {where} were "
+            f"trained on (data fingerprint {fingerprint}, the checkpoints' {saved}: prepared "
+            "from other text, with another tokenizer or eval split); resume on their data, use "
+            "a new --workdir, or rerun with --allow_data_change to go on with this data (the "
+            "change is recorded in metrics.jsonl)")
+    logging.warning("resuming on other data than the checkpoint's (data fingerprint %s, was "
+                    "%s): --allow_data_change; recorded in metrics.jsonl", fingerprint, saved)
+    return saved, fingerprint

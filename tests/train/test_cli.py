@@ -144,19 +144,31 @@ def test_print_config_lists_every_field(capsys):
 
 def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
     """Also: on a CPU host the trainer arranges the 8 devices its (default) mesh needs and says
-    so, and the checkpoint of that btp data=2 x tensor=4 run resumes on one device."""
+    so, and the checkpoint of that btp data=2 x tensor=4 run resumes on one device; and while
+    it trains, a second real process on its workdir (a job submitted twice) is refused in one
+    line naming the first (issue 46, case 1), which trains on untouched."""
     gin = [*_tiny_gin(tiny_data), "Train.steps=100000", "Train.checkpoint_every=100000"]
     proc = subprocess.Popen(_cmd(tmp_path, *gin), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=_env())
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    rc = proc.wait(timeout=120)
-    stderr = proc.stderr.read()
+    try:
+        metrics = tmp_path / "metrics.jsonl"
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        second = subprocess.run(_cmd(tmp_path, *gin), capture_output=True, text=True,
+                                timeout=120, env=_env())
+        (error,) = [line for line in second.stderr.splitlines() if "error" in line]
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
+        assert error.startswith(f"boost_jax.train: error: --workdir={tmp_path} is in use by "
+                                f"another run: pid {proc.pid} on host ")
+        assert proc.poll() is None  # the first one trains on
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()  # (a no-op once it has ended)
     assert rc == 128 + signal.SIGTERM, stderr[-2000:]
     assert "simulating 8 CPU devices" in stderr and "stopped by signal 15" in stderr
     steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
@@ -239,7 +251,8 @@ def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path, capsys):
     checkpoint 6 is being committed (all written, not renamed), then a plain resume: the same
     losses as an uninterrupted run (the command's main in this process, on the same 8 devices),
     each step's train and eval entries once in metrics.jsonl, the lost tails of the killed runs
-    in the side files, no temporary directory left."""
+    in the side files, no temporary directory left; each restart takes over the workdir lock
+    the killed run left, with a warning."""
     gin = [*_tiny_gin(tiny_data), "Train.steps=10", "Train.schedule_steps=10",
            "Train.checkpoint_every=2", "Train.eval_every=3"]
     ref = tmp_path / "ref"
@@ -256,6 +269,7 @@ def test_kill_9_while_saving_then_resume_is_exact(tiny_data, tmp_path, capsys):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "removed 1 unfinished checkpoint save(s)" in out.stderr
+    assert "took over the lock of a run that ended without releasing it" in out.stderr
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == list(range(1, 11))

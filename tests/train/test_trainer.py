@@ -147,6 +147,45 @@ def test_a_restart_without_the_committed_checkpoints_is_refused(tiny_data, tmp_p
     assert not (workdir / checkpoint_record.RECORD).exists()
 
 
+def test_a_resume_on_other_data_is_refused_unless_allowed(tiny_data, tmp_path, single_device):
+    """Guards issue 46 case 4 (the data is part of the run's identity): the 10-step run's
+    workdir resumed on a dataset prepared from other text is refused in one line, nothing
+    written; a copy of its own dataset elsewhere is the same data; --allow_data_change goes on
+    from step 10 and records the change in metrics.jsonl."""
+    import lzma
+
+    from boost_jax.data.corpus import corpus_path
+    from boost_jax.data.manifest import fingerprint, read_manifest
+    from boost_jax.data.prepare import prepare
+    from boost_jax.train.resume import ResumeMismatch
+
+    workdir = tmp_path / "run"
+    shutil.copytree(single_device[1], workdir)
+    with lzma.open(corpus_path("shakespeare"), "rt") as f:
+        docs = [json.loads(line) for _, line in zip(range(6), f)][3:]  # three other plays
+    (tmp_path / "other.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    other = tmp_path / "other"
+    prepare([tmp_path / "other.jsonl"], other, tokenizer="bpe:512", eval_fraction=0.05)
+    mine, theirs = (fingerprint(p, read_manifest(p)) for p in (tiny_data, other))
+    before = (workdir / "metrics.jsonl").read_text()
+    with pytest.raises(ResumeMismatch) as err:
+        run(_config(other, 12), workdir, jax.devices()[:1])
+    assert str(err.value).startswith(
+        f"Data.path={str(other)!r} holds other data than the checkpoints in "
+        f"{workdir / 'checkpoints'} were trained on (data fingerprint {theirs}, the "
+        f"checkpoints' {mine}: ")
+    assert "--allow_data_change" in str(err.value)
+    assert (workdir / "metrics.jsonl").read_text() == before
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_data, copy)
+    assert fingerprint(copy, read_manifest(copy)) == mine
+    s = run(_config(other, 12), workdir, jax.devices()[:1], allow_data_change=True)
+    assert (s.start_step, s.step) == (10, 12)
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["data_changed"]) for r in rows if "data_changed" in r] == [
+        (10, [mine, theirs])]
+
+
 def test_bfloat16_compute(tiny_data, tmp_path, single_device):
     f32 = single_device[0]
     bf16 = run(_config(tiny_data, 10, dtype="bfloat16"), tmp_path / "bf16", jax.devices()[:1])
