@@ -53,10 +53,23 @@ def define_checkpoint_dir_flag() -> None:
 
 
 class QuietLibraries(pylogging.Filter):
-    """INFO lines from boost_jax only; other libraries (orbax, jax) from WARNING up."""
+    """INFO lines from boost_jax only; other libraries (orbax, jax) from WARNING up, each as its
+    message line without the traceback it carries (unless ``BOOST_JAX_DEBUG=1``): a save that
+    fails on a full disk is one ``error:`` line of boost_jax's, not orbax's tracebacks of
+    every thread it went through (about 640 lines)."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
-        return record.levelno >= pylogging.WARNING or "boost_jax" in record.pathname
+        if "boost_jax" in record.pathname:
+            return True
+        if record.levelno < pylogging.WARNING:
+            return False
+        if debugging():
+            return True
+        if record.name == "asyncio" and "exception was never retrieved" in record.getMessage():
+            return False  # the futures of an abandoned save (reported by boost_jax), collected
+        if record.exc_info:
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def setup_devices(config: Config) -> None:

@@ -237,6 +237,14 @@ class Checkpointer:
                 pass
         return self._write_error(err)
 
+    def check(self) -> None:
+        """Raise :class:`CheckpointWriteError` when a background save has failed (a look that
+        does not wait for one in flight): called after every step, so that a failure (a full
+        disk) is reported at the next step, not at the next save or the end."""
+        if self.mngr.is_saving_in_progress():
+            return
+        self.wait()  # nothing in flight: returns at once, or raises the failed save's error
+
     def wait(self) -> None:
         try:
             self.mngr.wait_until_finished()

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from boost_jax.config import ConfigError
+from boost_jax.train.disk_errors import writing
 
 RECORD = "last_checkpoint.json"
 
@@ -27,8 +28,9 @@ def write(workdir: Path, committed: list[int], directory: str | os.PathLike) -> 
     if not committed:
         return
     tmp = workdir / f".{RECORD}.tmp"
-    tmp.write_text(json.dumps({"step": max(committed), "directory": str(directory)}))
-    tmp.replace(workdir / RECORD)
+    with writing(workdir / RECORD):
+        tmp.write_text(json.dumps({"step": max(committed), "directory": str(directory)}))
+        tmp.replace(workdir / RECORD)
 
 
 def refuse_a_silent_restart(workdir: Path, directory: str | os.PathLike,

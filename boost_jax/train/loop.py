@@ -48,6 +48,7 @@ from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train import checkpoint_record, data_state, workdir_lock
 from boost_jax.train.checkpoint import Checkpointer
+from boost_jax.train.disk_errors import writing
 from boost_jax.train.goodput import Goodput, read_history
 from boost_jax.train.goodput import summary as goodput_summary
 from boost_jax.train.metrics import MetricsWriter
@@ -108,8 +109,10 @@ def _micro_parts(local: dict, k: int) -> list[dict]:
 
 def _write_config(workdir: Path, config: Config) -> None:
     """``config.json`` and ``config.gin``: every field's value (``--gin_file`` takes it)."""
-    (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    (workdir / "config.gin").write_text(operative_gin(config))
+    with writing(workdir / "config.json"):
+        (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    with writing(workdir / "config.gin"):
+        (workdir / "config.gin").write_text(operative_gin(config))
 
 
 class _Run:
@@ -301,6 +304,7 @@ class _Run:
                 state, metrics = self.step_fn(state, batch, flags[signum])
             step = self.step = step + 1
             flush()
+            self.ckpt.check()  # a failed background save ends the run here, in one line
             pending = (step, metrics)
             save, evaluate = due(t.checkpoint_every), due(t.eval_every)
             show = bool(t.sample_every) and due(t.sample_every)

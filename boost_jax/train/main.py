@@ -11,13 +11,14 @@ run. A run in a workdir that already holds checkpoints resumes from the newest i
 moved aside); if all are damaged it stops with an error unless ``--fresh_start`` is given.
 Gin files are looked up as given, then in the repository's ``configs/`` directory.
 
-Exit codes: 0 done, 1 diverged or a checkpoint could not be written or read (storage errors
-that outlasted the retries), 2 bad input, including checkpoints that do not fit the config or
-were trained on other data (``--allow_data_change``), and a workdir another run holds
-(train/workdir_lock.py) (one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback), 75
-hung: no train step finished within ``Train.hang_timeout_s`` (every thread's stack in the
-workdir and the log; train/watchdog.py), 128 + N stopped by signal N (agreed across processes,
-after a checkpoint; or at once, without one, at a second signal).
+Exit codes: 0 done; 1 diverged, or a checkpoint or run file (metrics, TensorBoard) could not
+be written or a checkpoint read (a full disk; storage errors that outlasted the retries); 2 bad
+input, including checkpoints that do not fit the config or were trained on other data
+(``--allow_data_change``), and a workdir another run holds (train/workdir_lock.py) (one line on
+stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback); 75 hung: no train step finished within
+``Train.hang_timeout_s`` (every thread's stack in the workdir and the log; train/watchdog.py);
+128 + N stopped by signal N (agreed across processes, after a checkpoint; or at once, without
+one, at a second signal).
 """
 
 from __future__ import annotations
@@ -46,18 +47,19 @@ flags.DEFINE_bool("allow_data_change", False, "resume on a dataset other than th
                   "tokenizer or eval split); recorded in metrics.jsonl. Without it that resume "
                   "is refused")
 
-EXIT_STORAGE = 1  # a checkpoint could not be written (disk full, ...) or read (I/O errors)
+EXIT_STORAGE = 1  # a checkpoint or run file could not be written (disk full, ...) or read
 
 
 def _train(config) -> int:
     from boost_jax.train.checkpoint import CheckpointReadError, CheckpointWriteError
+    from boost_jax.train.disk_errors import WriteError
     from boost_jax.train.loop import run
 
     try:
         summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start,
                       checkpoint_dir=FLAGS.checkpoint_dir,
                       allow_data_change=FLAGS.allow_data_change)
-    except (CheckpointWriteError, CheckpointReadError) as err:
+    except (CheckpointWriteError, CheckpointReadError, WriteError) as err:
         print(f"boost_jax.train: error: {err}", file=sys.stderr)
         return EXIT_STORAGE
     if summary.diverged is not None:

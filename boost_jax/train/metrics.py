@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 
 from absl import logging
 
+from boost_jax.train.disk_errors import writing
+from boost_jax.train.tensorboard import EventFile
+
 if TYPE_CHECKING:
     from boost_jax.train.wandb_logger import WandbRun
 
@@ -26,6 +29,10 @@ class MetricsWriter:
     and nothing is deleted. TensorBoard is told to purge the events after ``start_step``.
 
     ``wandb``: a W&B run that gets every record and text too, finished by :meth:`close`.
+
+    Both files are written in the caller's thread and flushed per record (TensorBoard's too:
+    train/tensorboard.py), so a full disk raises at the write that meets it, as one line
+    (train/disk_errors.py ``WriteError``), and never blocks the loop.
     """
 
     def __init__(self, workdir: str | Path, start_step: int, enabled: bool = True,
@@ -37,15 +44,13 @@ class MetricsWriter:
         if not enabled:
             return
         if self.path.exists():
-            self._rewind(start_step)
-        self.file = self.path.open("a")
-        try:
-            from tensorboardX import SummaryWriter
-
-            self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"),
-                                    purge_step=start_step + 1 if start_step else None)
-        except ImportError:  # pragma: no cover - tensorboardX is a dependency
-            logging.warning("tensorboardX is not installed: no TensorBoard event files")
+            with writing(self.path):
+                self._rewind(start_step)
+        self.tb_dir = Path(workdir) / "tensorboard"
+        with writing(self.path):
+            self.file = self.path.open("a")
+        with writing(self.tb_dir):
+            self.tb = EventFile(self.tb_dir, purge_step=start_step + 1 if start_step else None)
 
     def _rewind(self, start_step: int) -> None:
         kept, moved, torn = [], [], 0
@@ -81,12 +86,12 @@ class MetricsWriter:
         group, like ``goodput/step``)."""
         if not self.enabled:
             return
-        self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()  # a whole line per write: a kill leaves at most one torn line
-        if self.tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
-                    self.tb.add_scalar(f"{prefix}/{k}" if prefix else k, v, step)
+        with writing(self.path):
+            self.file.write(json.dumps({"step": step, **values}) + "\n")
+            self.file.flush()  # a whole line per write: a kill leaves at most one torn line
+        with writing(self.tb_dir):
+            self.tb.scalars(step, {f"{prefix}/{k}" if prefix else k: v for k, v in values.items()
+                                   if isinstance(v, (int, float)) and math.isfinite(v)})
         if self.wandb is not None:
             self.wandb.log(step, values, prefix)
 
@@ -95,18 +100,20 @@ class MetricsWriter:
         ``<prefix>/<key>/<i>`` per text."""
         if not self.enabled:
             return
-        self.file.write(json.dumps({"step": step, key: list(texts)}) + "\n")
-        self.file.flush()
-        if self.tb is not None:
+        with writing(self.path):
+            self.file.write(json.dumps({"step": step, key: list(texts)}) + "\n")
+            self.file.flush()
+        with writing(self.tb_dir):
             for i, text in enumerate(texts):
-                self.tb.add_text(f"{prefix}/{key}/{i}", text, step)
+                self.tb.text(step, f"{prefix}/{key}/{i}", text)
         if self.wandb is not None:
             self.wandb.log_texts(step, key, texts, prefix)
 
     def close(self) -> None:
         if self.enabled:
-            self.file.close()
-            if self.tb is not None:
+            with writing(self.path):
+                self.file.close()
+            with writing(self.tb_dir):
                 self.tb.close()
             if self.wandb is not None:
                 self.wandb.finish()
