@@ -15,6 +15,7 @@ import logging as pylogging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -172,6 +173,22 @@ def _gin_hint(err: flags.Error) -> str:
     fields = [f"{cls.__name__}.{f.name}" for cls in GROUPS.values()
               for f in dataclasses.fields(cls) if name and f.name == name.group(1)]
     return f"; config fields are gin bindings: --gin_param={fields[0]}=..." if fields else ""
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` now if threads that would keep it alive are left (not
+    daemons: Python waits for them at exit), after flushing what it printed and logged; else
+    return. For command-line entry points only, after their work has unwound."""
+    left = [t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not left:
+        return
+    logging.info("leaving %d thread(s) of libraries behind: %s", len(left),
+                 ", ".join(t.name for t in left))
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_app(prog: str, main: Callable[[list[str]], int | None]) -> None:

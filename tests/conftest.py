@@ -5,6 +5,7 @@ Everything here runs before JAX is imported by any test module.
 
 import os
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -100,3 +101,38 @@ def packing_data(tmp_path_factory) -> Path:
             chunks_per_shard=2, workers=0)
     return root / "prepared"
 
+
+
+def _tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``path`` with ``options`` for the test (a real full or read-only
+    disk); the test is skipped, saying so, where mounting is not allowed (CI's machine allows
+    root to)."""
+    import subprocess
+
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A 512 KiB tmpfs: a real full disk for a tiny model's checkpoints."""
+    yield from _tmpfs(tmp_path / "disk", "size=512k")
+
+
+@pytest.fixture
+def read_only_disk(tmp_path) -> Iterator[Path]:
+    """A read-only tmpfs holding an empty directory ``ckpt``."""
+    import subprocess
+
+    disk = tmp_path / "ro"
+    for path in _tmpfs(disk, "size=64k"):
+        (path / "ckpt").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+        yield path

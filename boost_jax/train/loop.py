@@ -46,7 +46,7 @@ from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
-from boost_jax.train import checkpoint_record, data_state, workdir_lock
+from boost_jax.train import checkpoint_lease, checkpoint_record, data_state, workdir_lock
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.disk_errors import writing
 from boost_jax.train.goodput import Goodput, read_history
@@ -350,8 +350,11 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     than the checkpoint's (train/resume.py :func:`check_data`). Raises
     :class:`CheckpointWriteError` when a save fails."""
     t_start, workdir = time.perf_counter(), workdir_checked(workdir)
-    # one run per workdir (train/workdir_lock.py); signals: until the last checkpoint is written
-    with workdir_lock.held(workdir), StopRequest() as stop:
+    # one run per workdir and per bucket (train/workdir_lock.py, train/checkpoint_lease.py);
+    # signals: until the last checkpoint is written (train/signals.py)
+    with (workdir_lock.held(workdir),
+          checkpoint_lease.held(checkpoint_dir or workdir / "checkpoints"),
+          StopRequest() as stop):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
                  allow_data_change)
         with contextlib.closing(r.train_it):  # its prefetch thread ends, whatever happens

@@ -88,4 +88,12 @@ def main(argv) -> int:
 
 
 def run_app() -> None:
-    cli.run_app("boost_jax.train", main)
+    """The command: on a storage error (exit 1) the process ends at once, without waiting for
+    library threads left behind (an abandoned orbax save's threads wait 300 s for signals that
+    never come, keeping a failed job on its nodes; cli.py ``exit_now``)."""
+    try:
+        cli.run_app("boost_jax.train", main)
+    except SystemExit as done:
+        if done.code == EXIT_STORAGE:
+            cli.exit_now(EXIT_STORAGE)
+        raise

@@ -23,7 +23,7 @@ import fcntl
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from absl import logging
@@ -89,26 +89,34 @@ def _locked(workdir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-@contextlib.contextmanager
-def held(workdir: Path) -> Iterator[None]:
+def held(workdir: Path) -> contextlib.AbstractContextManager:
     """Hold ``workdir``'s lock for the ``with`` block: taken by process 0, the outcome agreed by
     every process. Raises :class:`WorkdirBusy` (every process) when another run holds it."""
+    return lead_holds(lambda: _locked(workdir), f"--workdir={workdir}: process 0 could not "
+                      "take the workdir's lock (its log says why)")
+
+
+@contextlib.contextmanager
+def lead_holds(make: Callable[[], contextlib.AbstractContextManager],
+               refusal: str) -> Iterator[None]:
+    """Enter ``make()`` on process 0 for the ``with`` block; every process agrees on whether
+    that worked (one all-gather): process 0 raises its error, the others a
+    :class:`WorkdirBusy` of ``refusal``."""
     import jax
 
     from boost_jax.parallel.distributed import max_value
 
     if jax.process_count() == 1:
-        with _locked(workdir):
+        with make():
             yield
         return
     with contextlib.ExitStack() as stack:
         error = None
         if jax.process_index() == 0:
             try:
-                stack.enter_context(_locked(workdir))
+                stack.enter_context(make())
             except Exception as err:  # noqa: BLE001 -- told to the others, then raised here
                 error = err
         if max_value(int(error is not None)):
-            raise error or WorkdirBusy(f"--workdir={workdir}: process 0 could not take the "
-                                       "workdir's lock (its log says why)")
+            raise error or WorkdirBusy(refusal)
         yield

@@ -289,22 +289,6 @@ def test_a_full_disk_seen_by_tensorstore_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(err.value)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 512 KiB tmpfs: a real full disk (needs the right to mount, which CI's machine gives
-    root; elsewhere the test is skipped, saying so)."""
-    import subprocess
-
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
 def test_a_save_that_fails_in_the_background_ends_the_run_at_the_next_step(tiny_data, tmp_path,
                                                                            small_disk):
     """Guards issue 46 case 2: the asynchronous save at step 100 fails on a full disk (a real

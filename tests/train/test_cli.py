@@ -179,6 +179,22 @@ def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
     assert (s.start_step, s.step) == (steps[0], steps[0] + 2)
 
 
+def test_a_storage_error_ends_the_process_at_once(tiny_data, tmp_path, read_only_disk):
+    """Guards issue 46 case 7: checkpoints to a (real) read-only disk: the save of step 2 fails
+    in the background, and the command ends with one error line and exit code 1 at once --
+    orbax's threads of the abandoned save kept the process alive for 300 s (train/main.py
+    ``run_app``)."""
+    gin = [*_tiny_gin(tiny_data), "Train.steps=4", "Train.checkpoint_every=2",
+           "Parallel.data=1", "Parallel.tensor=1", "Parallel.tp_plan='none'"]
+    cmd = [*_cmd(tmp_path / "run", *gin), f"--checkpoint_dir={read_only_disk / 'ckpt'}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=200)
+    assert out.returncode == 1, out.stderr[-2000:]
+    (error,) = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert error.startswith("boost_jax.train: error: could not write a checkpoint to "
+                            f"{read_only_disk / 'ckpt'}") and "Read-only file system" in error
+    assert "Traceback" not in out.stderr
+
+
 def test_a_second_signal_ends_a_stuck_stop(tiny_data, tmp_path):
     """SIGINT, then -- while the stop's checkpoint save hangs (injected) -- a second SIGINT: one
     line, exit code 130, no promise of a checkpoint; the first SIGINT said what a second does."""

@@ -370,6 +370,24 @@ def test_the_run_files_folder_is_never_a_step(store, tmp_path, monkeypatch):
     assert {k: store.read(bucket.name, k) for k in bucket.keys("ckpt/run/")} == files
 
 
+def test_the_lease_on_a_bucket(store):
+    """Guards train/checkpoint_lease.py on S3 and GCS: the lease is an object under
+    ``<checkpoint_dir>/run/`` (never a step); a second run is refused once the holder's renewal
+    shows it alive; a clean end deletes the lease, and the next run takes it at once."""
+    from boost_jax.train.checkpoint_lease import CheckpointDirBusy, Lease
+
+    bucket = store.bucket("lease")
+    url = f"{bucket.url}/ckpt"
+    with Lease(url, ttl_s=30, renew_s=0.2, settle_s=0):
+        assert bucket.keys("ckpt/") == ["ckpt/run/lease.json"]
+        with pytest.raises(CheckpointDirBusy, match="is in use by another run: pid "):
+            with Lease(url, ttl_s=30, renew_s=0.2, settle_s=0):
+                pass
+    assert bucket.keys("ckpt/") == []
+    with Lease(url, ttl_s=30, renew_s=0.2, settle_s=0):
+        pass
+
+
 def _killed_run_gin(data: Path) -> list[str]:
     return [*_tiny_gin(data), "Train.steps=10", "Train.schedule_steps=10",
             "Train.checkpoint_every=2", "Parallel.data=1", "Parallel.tensor=1",
