@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from boost_jax.errors import ConfigError
+from boost_jax.train.disk_errors import writing
 
 #: the file, in the workdir, that holds the W&B run's id
 RUN_ID_FILE = "wandb_run_id"
@@ -42,7 +43,8 @@ class WandbRun:
         workdir = Path(workdir)
         id_file = workdir / RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id + "\n")
+        with writing(id_file):
+            id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=project, name=name or workdir.name, id=run_id,
                               resume="allow", dir=str(workdir), config=config)
         self.run.define_metric("step")
