@@ -190,6 +190,17 @@ def varying_axes(x) -> frozenset[str]:
     return frozenset(manual.varying) if manual is not None else frozenset()
 
 
+# --- XLA's GPU options, per compile (tools/gpu_compile.py) ---------------------------------------
+
+def xla_pipelining_options_renamed() -> bool:
+    """Whether this jaxlib's XLA takes collective pipelining per compile as
+    ``xla_gpu_pipeline_{all_gather,reduce_scatter,all_reduce}`` (an enum,
+    ``COLLECTIVE_PIPELINING_MODE_ON``): jaxlib >= 0.11, whose DebugOptions reserve the old
+    ``xla_gpu_enable_pipelined_*`` names (XLA_FLAGS still maps them); read from the 0.10.2,
+    0.11.2 and 0.12.0.1 libraries (tests/tools/test_gpu_compile.py compiles with them)."""
+    return jax.__version_info__ >= (0, 11)
+
+
 # --- JAX's persistent compilation cache: its monitoring events ----------------------------------
 
 #: the ``jax.monitoring`` events JAX records when its persistent compilation cache serves a

@@ -69,6 +69,37 @@ def flag_text(flags=FLAGS_LIST, status: tuple[str, ...] = ("default",)) -> str:
     return " ".join(f"--{f.name}={f.value}" for f in flags if f.status in status)
 
 
+def compiler_options(env: dict | None = None) -> dict[str, str]:
+    """The launchers' XLA flags (``default``, plus ``pipeline`` with
+    ``BOOST_JAX_XLA_PIPELINE=1`` in ``env``) as per-compile options: what
+    ``python -m boost_jax.tools.gpu_compile`` compiles with, so that its program is the one a
+    launched run gets."""
+    env = os.environ if env is None else env
+    status = ("default", "pipeline") if env.get("BOOST_JAX_XLA_PIPELINE") == "1" else ("default",)
+    return {f.name: f.value for f in FLAGS_LIST if f.status in status}
+
+
+#: the new names of the launchers' pipelining flags in the XLA of jaxlib >= 0.11
+#: (xla/debug_options_flags.cc: "True maps to --xla_gpu_pipeline_all_reduce=on"): XLA_FLAGS
+#: still takes the old names, a per-compile option only the new ones
+_RENAMED = {f"xla_gpu_enable_pipelined_{c}": f"xla_gpu_pipeline_{c}"
+            for c in ("all_gather", "reduce_scatter", "all_reduce")}
+
+
+def typed_compiler_options(options: dict[str, str], renamed: bool) -> dict[str, object]:
+    """``options`` as jax's ``compile(compiler_options=...)`` takes them: booleans as bools;
+    ``renamed`` (compat.xla_pipelining_options_renamed): the pipelining flags under their new
+    names."""
+    out: dict[str, object] = {}
+    for name, value in options.items():
+        typed: object = {"true": True, "false": False}.get(value, value)
+        if renamed and name in _RENAMED:
+            name, typed = _RENAMED[name], ("COLLECTIVE_PIPELINING_MODE_ON" if typed
+                                           else "COLLECTIVE_PIPELINING_MODE_DEFAULT")
+        out[name] = typed
+    return out
+
+
 def environment(env: dict | None = None, append: bool = False) -> dict[str, str]:
     """The variables to export on a GPU host, given the current ``env``."""
     env = os.environ if env is None else env

@@ -18,6 +18,11 @@ def test_defaults_and_user_values():
     assert appended.startswith(gpu_settings.flag_text()) and appended.endswith(user["XLA_FLAGS"])
     pipeline = gpu_settings.environment({"BOOST_JAX_XLA_PIPELINE": "1"})["XLA_FLAGS"]
     assert "pipeline_parallelism_opt_level" in pipeline
+    # the deviceless GPU compile's per-compile options are the launchers' flags
+    for env in ({}, {"BOOST_JAX_XLA_PIPELINE": "1"}):
+        options = gpu_settings.compiler_options(env)
+        assert " ".join(f"--{k}={v}" for k, v in options.items()) == (
+            gpu_settings.environment(env)["XLA_FLAGS"])
 
 
 def test_shell_output_and_usage_error():

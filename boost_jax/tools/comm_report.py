@@ -51,9 +51,11 @@ def _where(c, run: dict) -> str:
     return "layer" if in_layer_loop(c, run, first=True) else "step"
 
 
-def compile_step(config: Config, devices=None, gspmd: bool = False):
+def compile_step(config: Config, devices=None, gspmd: bool = False,
+                 compiler_options: dict[str, str] | None = None):
     """``(sharded model, optimizer, compiled train step)`` for ``config`` (abstract inputs), on
-    ``devices`` (default: all, which must match the mesh); ``gspmd``: the GSPMD baseline."""
+    ``devices`` (default: all, which must match the mesh); ``gspmd``: the GSPMD baseline;
+    ``compiler_options``: XLA options for this compile."""
     import jax.numpy as jnp
 
     from boost_jax.parallel.mesh import make_mesh
@@ -66,7 +68,8 @@ def compile_step(config: Config, devices=None, gspmd: bool = False):
                          jnp.dtype(t.dtype), gspmd=gspmd, max_segments=config.data.max_segments)
     opt = make_optimizer(t, model)  # as the trainer builds them (train/loop.py)
     packed = config.data.packing == "document"
-    return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len, packed)
+    return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len, packed,
+                                          compiler_options)
 
 
 def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None,

@@ -44,10 +44,11 @@ def define_flags() -> None:
 
 def compile_for_gpu(config: Config, target: str, topology: str):
     """``(sharded model, compiled train step, Target)`` of ``config`` compiled for ``target``
-    GPUs in ``topology`` (``"HOSTSxGPUS"``) by XLA's deviceless GPU compile. cuDNN attention
-    is traced with jax's cuDNN checks stood in for (compat.cudnn_trace_standin: no cuDNN
-    library here)."""
-    from boost_jax import compat
+    GPUs in ``topology`` (``"HOSTSxGPUS"``) by XLA's deviceless GPU compile, with the XLA
+    flags the launchers set on a GPU host (:func:`boost_jax.gpu_settings.compiler_options`).
+    cuDNN attention is traced with jax's cuDNN checks stood in for
+    (compat.cudnn_trace_standin: no cuDNN library here)."""
+    from boost_jax import compat, gpu_settings
     from boost_jax.analysis import gpu_target
     from boost_jax.tools.comm_report import compile_step
 
@@ -60,7 +61,9 @@ def compile_for_gpu(config: Config, target: str, topology: str):
                           f"{config.parallel.num_devices}")
     devices = gpu_target.gpu_devices(tgt, hosts, per_host)
     with compat.cudnn_trace_standin():
-        model, _, compiled = compile_step(config, devices)
+        options = gpu_settings.typed_compiler_options(
+            gpu_settings.compiler_options(), renamed=compat.xla_pipelining_options_renamed())
+        model, _, compiled = compile_step(config, devices, compiler_options=options)
     return model, compiled, tgt
 
 
@@ -68,6 +71,7 @@ def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None 
                compiled: tuple | None = None) -> dict:
     """comm_report's numbers for the GPU program, plus its memory, schedule and calls;
     ``compiled``: :func:`compile_for_gpu`'s result, if already compiled."""
+    from boost_jax import gpu_settings
     from boost_jax.analysis import gpu_program
     from boost_jax.analysis.hlo import collectives
     from boost_jax.tools.comm_report import build_report
@@ -83,6 +87,7 @@ def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None 
               bool(s and s.asynchronous), s.overlapped if s else 0)] += 1
     rep["gpu"] = {
         "target": tgt.name, "device": tgt.device, "topology": topology,
+        "xla_flags": gpu_settings.compiler_options(),
         "memory": gpu_program.memory(compiled, tgt.memory_bytes),
         "collectives": [dict(op=op, dtype=dt, bytes=b, axes=axes, runs=runs, combined=comb,
                              asynchronous=a, overlapped=o, instances=n)
@@ -99,7 +104,8 @@ def format_gpu_report(rep: dict) -> str:
     g = rep["gpu"]
     m = g["memory"]
     lines = [f"gpu_compile: {g['target']} ({g['device']}), {g['topology']} (hosts x GPUs), "
-             "compiled by XLA's GPU compiler on this host (no GPU)", "",
+             "compiled by XLA's GPU compiler on this host (no GPU), with the launchers' XLA "
+             "flags: " + " ".join(f"--{k}={v}" for k, v in g["xla_flags"].items()), "",
              "memory per device (MiB): " + ", ".join(
                  f"{k} {m[k] / 2**20:,.1f}" for k in ("argument", "output", "alias", "temp",
                                                      "generated_code", "total")),

@@ -289,13 +289,15 @@ def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int, packed: b
 
 
 def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq_len: int,
-                       packed: bool = False):
-    """The train step compiled ahead of time for abstract inputs (no data, no parameters)."""
+                       packed: bool = False, compiler_options: dict[str, str] | None = None):
+    """The train step compiled ahead of time for abstract inputs (no data, no parameters);
+    ``compiler_options``: XLA options for this compile (``{"xla_gpu_...": "true"}``), over
+    ``XLA_FLAGS``."""
     stop = jax.ShapeDtypeStruct((model.mesh.size, len(STOP_SIGNALS)), jnp.float32,
                                 sharding=NamedSharding(model.mesh, STOP_SPEC))
     return make_train_step(model, opt).lower(
         abstract_state(model, opt), abstract_batch(model, batch_size, seq_len, packed),
-        stop).compile()
+        stop).compile(compiler_options=compiler_options)
 
 
 def make_eval_step(model: ShardedModel):
