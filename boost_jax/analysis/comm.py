@@ -181,6 +181,22 @@ def in_layer_loop(c: Collective, run: dict, first: bool = False) -> bool:
         first and len(c.trips) == run["depth"] - 1 and FIRST_ITERATION in c.op_name)
 
 
+def pipelined_share(c: Collective, run: dict) -> float:
+    """The share of one layer's run that a compiled collective moved by XLA's collective
+    pipeliner is (the GPU compiler with the launchers' ``xla_gpu_enable_pipelined_*`` flags):
+    it runs a layer loop collective of iteration ``i`` in iteration ``i + 1``, so the loop keeps
+    it for ``looped - 1`` trips and one copy runs outside (before or after it). Such a
+    collective has the layer scan's body in its op name (JAX's ``while/body``, as many times as
+    the layer loop is deep) without the layer loop's trip count; its share is its runs per step
+    over the layer loop's (``looped`` x the accumulation micro-steps). 0 for any other (and
+    under a pipeline schedule, whose loops the pipeliner is not read for here)."""
+    if not run["looped"] or run["iterations"] != 1 or in_layer_loop(c, run):
+        return 0.0
+    if c.op_name.count("while/body") != run["depth"]:
+        return 0.0
+    return c.count / (run["looped"] * run["micro_steps"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Transfer:
     """One kind of data-parallel collective of a step: ``op``, the mesh ``axes`` (joined with
@@ -346,7 +362,8 @@ def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: in
     collective of the step counts.
 
     Layer collectives are the tensor-axis ones inside a ``while`` loop whose trip count is the
-    number of layers per loop.
+    number of layers per loop, and those XLA's collective pipeliner moved partly out of it
+    (:func:`pipelined_share`).
     """
     run = schedule(model, parallel, batch, seq_len)
     looped = run["looped"]
@@ -356,9 +373,10 @@ def measure(colls: list[Collective], model: Model, parallel: Parallel, batch: in
         if not c.axes:  # size-1 groups: nothing moves
             continue
         steps[",".join(c.axes)] += c.count * c.elements
-        if c.axes == ("tensor",) and in_layer_loop(c, run):
+        share = 1.0 if in_layer_loop(c, run) else pipelined_share(c, run)
+        if c.axes == ("tensor",) and share:
             way = "bwd" if c.backward else "fwd"
-            layer[way] += c.elements / run["tokens"]
-            layer[f"{way}_bytes"] += c.bytes / run["tokens"]
+            layer[way] += share * c.elements / run["tokens"]
+            layer[f"{way}_bytes"] += share * c.bytes / run["tokens"]
     return Comm(layer["fwd"], layer["bwd"], layer["fwd_bytes"], layer["bwd_bytes"], looped,
                 dict(steps))

@@ -44,11 +44,12 @@ GIB = 2**30
 def _where(c, run: dict) -> str:
     """``layer`` (in the layer loop), ``step`` (the model's other collectives: they run inside
     value_and_grad, "jvp") or ``optimizer`` (gradient reduction, norm, parameter gathers)."""
-    from boost_jax.analysis.comm import in_layer_loop
+    from boost_jax.analysis.comm import in_layer_loop, pipelined_share
 
     if "jvp(" not in c.op_name:
         return "optimizer"
-    return "layer" if in_layer_loop(c, run, first=True) else "step"
+    return ("layer" if in_layer_loop(c, run, first=True) or pipelined_share(c, run)
+            else "step")
 
 
 def compile_step(config: Config, devices=None, gspmd: bool = False,
