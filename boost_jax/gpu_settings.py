@@ -39,8 +39,12 @@ MEM_FRACTION = "0.90"
 FLAGS_LIST = (
     Flag("xla_gpu_enable_latency_hiding_scheduler", "true",
          "schedule collectives to overlap with compute", "default"),
+    # not by default: under gradient accumulation it pipelines the micro-step loop's
+    # all-gathers by running each layer's tensor all-reduces twice (the 7B TP4 step: 2x the
+    # formula's traffic, +3.4 GiB temporaries; compiled deviceless for A100s, 2026-11-28;
+    # tests/tools/test_gpu_compile.py compiles a grad_accum step with the default flags)
     Flag("xla_gpu_enable_pipelined_all_gather", "true",
-         "FSDP: the next layer's all-gather under this layer's compute", "default"),
+         "FSDP: the next layer's all-gather under this layer's compute", "candidate"),
     Flag("xla_gpu_enable_pipelined_reduce_scatter", "true",
          "FSDP, ZeRO-1: a layer's gradient reduce-scatter under the next layer's backward",
          "default"),
