@@ -7,7 +7,8 @@
 #   step   bench step at the 1B shape: dense (fullrank) and svd/cola/lax (btp, TP=1), remat
 #          none / lowrank, bf16, seq 4096, batch 4 (the paper's 1B row), median of 10 steps,
 #          with the performance model's prediction for the same configuration beside it, on
-#          the hardware profile of the GPU found (h200 on an H200, else h100_sxm)
+#          the hardware profile of the GPU found (h200 on an H200, else h100_sxm); the CoLA
+#          rows also write XLA's autotune results and the compiled step's HLO
 #   micro  bench gpu: cuDNN vs XLA attention at seq 4096, Triton kernels vs XLA, profile
 #   flags  one CoLA 1B step time per candidate XLA flag (boost_jax.gpu_settings), on and off
 #   all    = step,micro,tests,flags (most wanted first)
@@ -138,9 +139,15 @@ step() {
     for remat in ${REMATS:-none lowrank}; do
       [[ $arch == dense && $remat == lowrank ]] && remat=full
       name="step_${arch}_${remat}"
-      timed "$name" "$py" -m boost_jax.bench step --plans=$plan --steps="$steps" \
-        --out="$work/$name" "${shape[@]}" --gin_param="Model.arch='$arch'" \
-        --gin_param="Parallel.remat='$remat'"
+      # the CoLA rows also keep XLA's autotune results and the compiled step's program, so
+      # that a CPU host's deviceless compile (tools/gpu_compile.py) can load the former
+      # (--xla_gpu_load_autotune_results_from) and be compared with the latter
+      dumps=""
+      [[ $arch == cola ]] && dumps="--xla_gpu_dump_autotune_results_to=$work/$name/autotune.textproto
+        --xla_dump_to=$work/$name/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step"
+      XLA_FLAGS="$XLA_FLAGS ${dumps//$'\n'/ }" timed "$name" "$py" -m boost_jax.bench step \
+        --plans=$plan --steps="$steps" --out="$work/$name" "${shape[@]}" \
+        --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'"
       timed "${name}_model" "$py" -m boost_jax.bench model --hardware="$HARDWARE" "${shape[@]}" \
         --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
         --gin_param="Parallel.tp_plan='$plan'"
