@@ -74,24 +74,6 @@ def test_a_traffic_equals_the_formula(program):
     assert {d.platform for d in model.mesh.devices.flat} == {"gpu"}
 
 
-def test_a_with_gradient_accumulation():
-    """(a) under ``Parallel.grad_accum=2`` (the micro-step loop around the layer loop), 1 x 8:
-    the traffic equals the formula with the launchers' flags. Guards their choice: with
-    ``xla_gpu_enable_pipelined_all_gather`` on, XLA ran every layer's tensor all-reduces twice
-    here (912,768 elements per step against 481,152; +3 MiB of temporaries), as on the paper's
-    7B TP4 step for A100s, so it is not a default (gpu_settings.py)."""
-    if (why := _missing()) is not None:
-        pytest.skip(why)
-    from boost_jax.tools.gpu_compile import gpu_report
-
-    config = Config(Model(size="tiny", n_layers=LAYERS),
-                    Parallel(data=2, tensor=4, tp_plan="btp", attention="cudnn", grad_accum=2),
-                    Train(dtype="bfloat16", batch_size=8, seq_len=SEQ),
-                    Data(packing="document", max_segments=15))
-    rep = gpu_report(config, "h100_sxm", "1x8")
-    assert rep["check"] == [], rep["check"]
-
-
 def test_c_no_parameter_sized_fp32_collective_but_the_data_reduction(program):
     _, model, _, _, hlo = program
     sized = _param_sized(model)
@@ -125,32 +107,6 @@ def test_b_the_layers_gradient_reduction_runs_under_backward_compute(program):
     assert layers and sum(c.count for c in layers) >= LAYERS
     assert all(sched[c.name].asynchronous and sched[c.name].overlapped > 0 for c in layers), [
         (c.name, c.count, sched[c.name]) for c in layers]
-
-
-@pytest.mark.parametrize("zero", [1, 3])
-def test_b_under_zero_1_and_fsdp(zero):
-    """(a) and (b) for ZeRO 1 and FSDP (``Parallel.zero`` 1, 3), 1 x 8: the traffic equals the
-    formula, and each data-axis reduce-scatter of the layers' gradients is asynchronous with
-    compute scheduled under it (3 instructions each under ZeRO 1, inside the layer loop; 11
-    and 5 under FSDP, whose reduce-scatters XLA pipelines); FSDP's per-layer all-gathers are
-    asynchronous too (the first layer's, peeled out of the loop, has nothing to hide under)."""
-    if (why := _missing()) is not None:
-        pytest.skip(why)
-    from boost_jax.tools.gpu_compile import compile_for_gpu, gpu_report
-
-    config = Config(Model(size="tiny", n_layers=LAYERS),
-                    Parallel(data=2, tensor=4, tp_plan="btp", attention="cudnn", zero=zero),
-                    Train(dtype="bfloat16", batch_size=8, seq_len=SEQ),
-                    Data(packing="document", max_segments=15))
-    built = compile_for_gpu(config, "h100_sxm", "1x8")
-    assert gpu_report(config, "h100_sxm", "1x8", compiled=built)["check"] == []
-    layers, sched = _layer_reductions(built[0], built[1].as_text())
-    scatters = [c for c in layers if c.op == "reduce-scatter"]
-    assert scatters and sum(c.count for c in scatters) >= LAYERS
-    assert all(sched[c.name].asynchronous and sched[c.name].overlapped > 0 for c in scatters)
-    gathers = [c for c in layers if c.op == "all-gather"]
-    assert bool(gathers) == (zero == 3)
-    assert all(sched[c.name].asynchronous for c in gathers)
 
 
 def test_d_cudnn_attention_and_no_seq_by_seq_array(program):
