@@ -23,7 +23,6 @@ error line when it next reaches the store.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import socket
@@ -37,7 +36,7 @@ from etils import epath
 
 from boost_jax.train import storage
 from boost_jax.train.run_files import RUN_DIR
-from boost_jax.train.workdir_lock import WorkdirBusy, lead_holds
+from boost_jax.train.workdir_lock import WorkdirBusy, holder, lead_holds
 
 LEASE = "lease.json"
 TTL_S = 120.0  #: a lease not renewed for this long is stale (its holder is gone)
@@ -78,9 +77,7 @@ class Lease:
         self.path = epath.Path(directory) / RUN_DIR / LEASE
         self.ttl_s, self.renew_s, self.settle_s = ttl_s, renew_s, settle_s
         self.clock, self.sleep = clock, sleep
-        started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        self.mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": started,
-                     "token": uuid.uuid4().hex}
+        self.mine = {**holder(), "token": uuid.uuid4().hex}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

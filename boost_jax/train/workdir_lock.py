@@ -50,9 +50,14 @@ def _holder_text(fd: int) -> str:
         return "an unreadable record"
 
 
-def _record(fd: int) -> None:
+def holder() -> dict:
+    """This process as a lock or lease names its holder: host, pid, start time (UTC)."""
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    text = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": started}
+
+
+def _record(fd: int) -> None:
+    text = json.dumps(holder())
     os.ftruncate(fd, 0)
     os.pwrite(fd, (text + "\n").encode(), 0)
     os.fsync(fd)
