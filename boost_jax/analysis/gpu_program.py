@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+import zlib
 
 from boost_jax.analysis.hlo import OPS, computations
 
@@ -25,6 +26,14 @@ FREE = frozenset({"get-tuple-element", "bitcast", "parameter", "constant", "tupl
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _KIND = re.compile(r'"kind":"([^"]+)"')
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
+#: jax-triton's custom call: its backend config is the zlib-compressed kernel proto, holding
+#: the kernel's PTX (jax_triton/triton_lib.py, ``triton_kernel_call_lowering``)
+TRITON_CALL = "triton_kernel_call"
+_BACKEND_CONFIG = re.compile(r'backend_config="((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{2}|.)", re.S)
+_SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b'"': b'"', b"'": b"'", b"\\": b"\\"}
+_PTX_ENTRY = re.compile(rb"\.entry\s+(\w+)")
+_PTX_TARGET = re.compile(rb"\.target\s+(sm_\w+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,36 @@ def custom_calls(hlo: str) -> dict[str, int]:
     return dict(out)
 
 
+def _unescape(text: str) -> bytes:
+    """The bytes of an HLO string attribute (C escapes: ``\\n``, ``\\"``, octal ``\\234``)."""
+    def one(m: re.Match) -> bytes:
+        e = m.group(1)
+        if e[:1] in b"01234567":
+            return bytes([int(e, 8)])
+        if e[:1] == b"x":
+            return bytes([int(e[1:], 16)])
+        return _SIMPLE.get(e, e)
+    return _ESCAPE.sub(one, text.encode("latin-1"))
+
+
+def triton_kernels(hlo: str) -> dict[tuple[str, str], int]:
+    """``(kernel, GPU architecture)`` -> calls, for every jax-triton kernel call of a compiled
+    GPU program: the kernel's name and the ``.target`` (e.g. ``sm_90a``) of the PTX Triton
+    compiled it to, read from the call's backend config."""
+    comps, _ = computations(hlo)
+    out: collections.Counter = collections.Counter()
+    for instrs in comps.values():
+        for ins in instrs:
+            if ins.op != "custom-call" or f'custom_call_target="{TRITON_CALL}"' not in ins.attrs:
+                continue
+            m = _BACKEND_CONFIG.search(ins.attrs)
+            ptx = zlib.decompress(_unescape(m.group(1))) if m else b""
+            entry, target = _PTX_ENTRY.search(ptx), _PTX_TARGET.search(ptx)
+            out[(entry.group(1).decode() if entry else "?",
+                 target.group(1).decode() if target else "?")] += 1
+    return dict(out)
+
+
 def fusions(hlo: str) -> int:
     """Fusion instructions of the program (each one GPU kernel or library call)."""
     comps, _ = computations(hlo)
@@ -107,3 +146,58 @@ def memory(compiled, capacity_bytes: int) -> dict:
              + sizes["generated_code"])
     return {**sizes, "total": total, "capacity": capacity_bytes,
             "fits": total <= capacity_bytes, "headroom": capacity_bytes - total}
+
+
+# --- XLA's latency-hiding schedule (--xla_dump_latency_hiding_schedule) ----------------------
+_COMPUTATION = re.compile(r"\n  computations \{\n    name: \"([^\"]+)\"")
+_OWN_ID = re.compile(r"\n    id: (\d+)\n")
+_WHILE = re.compile(r'opcode: "while"\n.*?\n      called_computation_ids: (\d+)\n'
+                    r'      called_computation_ids: \d+\n      backend_config: "([^\n]*)"', re.S)
+_TRIPS = re.compile(r'known_trip_count\\":\{\\"n\\":\\"(\d+)')
+_STAT = re.compile(r"\n    (\w+_cycles): ([\d.e+-]+)")
+_PER_US = re.compile(r"\n  cycles_per_microsecond: ([\d.e+-]+)")
+
+
+def latency_hiding_estimate(schedule: str) -> dict:
+    """XLA's own estimate of the collective time its schedule leaves exposed, from the
+    latency-hiding scheduler's dump (``--xla_dump_latency_hiding_schedule``: the scheduled
+    module and, per scheduled computation, its ``scheduler_statistics``): per computation its
+    name, runs per step (the loops' known trip counts) and wasted ("exposed") cycles per
+    collective kind; ``exposed_us``: their sum over a step, in microseconds. An estimate of
+    XLA's latency estimator with untuned costs (no GPU measured anything), not a time."""
+    module, _, scheduled = schedule.partition("\ncomputation_schedules {")
+    names, body_of = {}, {}
+    blocks = _COMPUTATION.split(module)[1:]
+    for name, text in zip(blocks[::2], blocks[1::2]):
+        own = _OWN_ID.findall(text)[-1]  # the computation's id follows its instructions
+        names[own] = name
+        for body, config in _WHILE.findall(text):
+            trips = _TRIPS.search(config)
+            body_of[body] = (own, int(trips.group(1)) if trips else None)
+    entry = re.search(r"\n  entry_computation_id: (\d+)", module)
+
+    def runs(cid: str) -> int | None:
+        if entry and cid == entry.group(1):
+            return 1
+        if cid not in body_of:
+            return None
+        parent, trips = body_of[cid]
+        outer = runs(parent)
+        return None if outer is None or trips is None else outer * trips
+
+    rows, total = [], 0.0
+    for block in scheduled.split("\ncomputation_schedules {"):
+        cid = re.search(r"computation_id: (\d+)", block)
+        if cid is None:
+            continue
+        stats = {k: float(v) for k, v in _STAT.findall(block)}
+        per_us = float(m.group(1)) if (m := _PER_US.search(block)) else 1.0
+        n = runs(cid.group(1))
+        wasted = {k.removesuffix("_wasted_cycles"): v / per_us for k, v in stats.items()
+                  if k.endswith("_wasted_cycles") and k != "total_wasted_cycles"}
+        exposed = stats.get("total_wasted_cycles", 0.0) / per_us
+        rows.append(dict(computation=names.get(cid.group(1), cid.group(1)), runs=n,
+                         exposed_us=exposed, by_kind=wasted))
+        total += exposed * (n or 0)
+    return {"computations": rows, "exposed_us": total,
+            "complete": all(r["runs"] is not None for r in rows)}

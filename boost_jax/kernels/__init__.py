@@ -12,6 +12,7 @@ installs never import GPU code.
 from __future__ import annotations
 
 import functools
+import re
 
 from absl import logging
 
@@ -23,20 +24,33 @@ CHOICES = ("auto", "triton", "xla")
 VERIFIED_PATH = "triton_kernels"
 
 
-def triton_available() -> bool:
-    """True when jax-triton imports (GPU jaxlib) and the default backend is a GPU."""
+def triton_available(platform: str | None = None) -> bool:
+    """True when jax-triton imports (a jaxlib with the CUDA plugin) and the devices the step
+    runs on (``platform``: a mesh's ``device.platform``; ``None``: the default backend's) are
+    GPUs -- the mock GPUs of a deviceless compile (tools/gpu_compile.py) included."""
     try:
         import jax_triton  # noqa: F401  (raises ImportError on CPU-only jaxlib)
     except ImportError:
         return False
     import jax
 
-    return jax.default_backend() == "gpu"
+    return (platform or jax.default_backend()) == "gpu"
 
 
-def _auto() -> tuple[str, str]:
+def compute_capability(device) -> int | None:
+    """The CUDA compute capability the Triton kernels are compiled for on ``device`` (``90``
+    for an H100's ``"9.0"``; a deviceless compile's mock GPUs carry their target's), or
+    ``None`` (not a CUDA GPU: jax-triton then asks the device itself)."""
+    cc = getattr(device, "compute_capability", None)
+    if not isinstance(cc, str) or not re.fullmatch(r"\d+\.\d+", cc):
+        return None
+    major, minor = cc.split(".")
+    return 10 * int(major) + int(minor)
+
+
+def _auto(platform: str | None) -> tuple[str, str]:
     """``auto``'s implementation and the reason for it."""
-    if not triton_available():
+    if not triton_available(platform):
         return "xla", "no GPU with jax-triton"
     record = gpu_verified.verified(VERIFIED_PATH)
     if record is None:
@@ -47,19 +61,20 @@ def _auto() -> tuple[str, str]:
 
 
 @functools.cache
-def resolve(choice: str) -> str:
-    """``Parallel.kernels`` -> the implementation used: ``'triton'`` or ``'xla'``."""
+def resolve(choice: str, platform: str | None = None) -> str:
+    """``Parallel.kernels`` -> the implementation used on ``platform``'s devices (a mesh's
+    ``device.platform``; ``None``: the default backend's): ``'triton'`` or ``'xla'``."""
     if choice not in CHOICES:
         raise ConfigError(f"Parallel.kernels={choice!r} is not one of {', '.join(CHOICES)}")
     if choice == "xla":
         return "xla"
     if choice == "triton":
-        if not triton_available():
+        if not triton_available(platform):
             raise ConfigError("Parallel.kernels='triton' needs a GPU and jax-triton (pip "
                               "install -e \".[gpu]\"); use 'auto' or 'xla' here")
         impl, why = "triton", "asked for"
     else:
-        impl, why = _auto()
+        impl, why = _auto(platform)
     logging.info("Parallel.kernels=%r: BTP chunk-boundary ops run on %s (%s)", choice,
                  "Triton kernels" if impl == "triton" else "XLA", why)
     return impl

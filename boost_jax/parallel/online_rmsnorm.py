@@ -115,7 +115,7 @@ def global_stat(total: jax.Array, stat: str) -> jax.Array:
 
 def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
                      payload_dtype=None, act: str = "identity", impl: str = "xla",
-                     stat: str = "lanes") -> jax.Array:
+                     stat: str = "lanes", compute_capability: int | None = None) -> jax.Array:
     """``act(gemm(RMSNorm(x)))`` for ``x [b, s, d/p]`` sharded on ``tensor``, with one
     all-reduce.
 
@@ -123,12 +123,14 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
     ``[b, s, 3, r]``); the result has the same shape, replicated over ``tensor``. ``impl``:
     ``xla`` or ``triton`` (:func:`boost_jax.kernels.resolve`). ``stat``: ``lanes`` or
     ``compute``, how the statistic rides in a bf16 payload (the module docstring).
+    ``compute_capability``: the GPU the Triton kernels are compiled for (``None``: the device's).
     """
     if impl == "triton":
         if lanes_used(stat, payload_dtype or x.dtype):
             raise NotImplementedError("the Triton recovery reads the statistic as the "
                                       "payload's last element: not in lanes")
-        return _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act)
+        return _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act,
+                                         compute_capability)
     d = x.shape[-1] * lax.axis_size(TENSOR)
     s_i = sum_squares(x)  # [b, s, 1] fp32
     # rho_i cancels exactly ((x_i / rho_i) A_i rho_i = x_i A_i): it only conditions the GEMM,
@@ -144,18 +146,18 @@ def online_norm_down(x: jax.Array, scale: jax.Array, eps: float, gemm: Callable,
                                   global_stat(s, stat), d, eps, h_i.dtype), act)
 
 
-def _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act):
+def _online_norm_down_kernels(x, scale, eps, gemm, payload_dtype, act, cc):
     """:func:`online_norm_down` on the Triton kernels: local pass, GEMM, one all-reduce of the
     ``[b, s, c r + 1]`` payload, recovery + ``act``."""
     d = x.shape[-1] * lax.axis_size(TENSOR)
-    x_hat, s_i, rho_i = norm_local(x, scale, eps, "triton")
+    x_hat, s_i, rho_i = norm_local(x, scale, eps, "triton", cc)
     h_i = gemm(x_hat)
     lead, tail = h_i.shape[:2], h_i.shape[2:]
     dtype = payload_dtype or h_i.dtype
     payload = jnp.concatenate([(h_i.reshape(*lead, -1) * rho_i).astype(dtype),
                                s_i.astype(dtype)], axis=-1)
     payload = tag(lax.psum(payload, TENSOR), LATENT)
-    return recover(payload, d, eps, act, h_i.dtype, "triton").reshape(*lead, *tail)
+    return recover(payload, d, eps, act, h_i.dtype, "triton", cc).reshape(*lead, *tail)
 
 
 @jax.custom_vjp

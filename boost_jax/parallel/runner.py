@@ -130,7 +130,8 @@ class ShardedModel:
             bounded=max_segments is not None)
         hook = dict(layer_hook=functools.partial(self.layout.layer_params, dtype=self.dtype),
                     layer_gathers=self.fsdp) if self.per_layer else {}
-        return get_plan(self.parallel, attention=attention, packed_attention=packed,
+        return get_plan(self.parallel, self.mesh.devices.flat[0], attention=attention,
+                        packed_attention=packed,
                         segment_slots=None if max_segments is None else packed_slots(
                             max_segments), **hook)
 

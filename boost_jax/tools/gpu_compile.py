@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import collections
 import json
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from absl import app, flags
 
@@ -42,12 +46,23 @@ def define_flags() -> None:
     flags.DEFINE_bool("check", False, "exit 1 if the communication differs from the formula")
 
 
-def compile_for_gpu(config: Config, target: str, topology: str):
-    """``(sharded model, compiled train step, Target)`` of ``config`` compiled for ``target``
-    GPUs in ``topology`` (``"HOSTSxGPUS"``) by XLA's deviceless GPU compile, with the XLA
-    flags the launchers set on a GPU host (:func:`boost_jax.gpu_settings.compiler_options`).
-    cuDNN attention is traced with jax's cuDNN checks stood in for
-    (compat.cudnn_trace_standin: no cuDNN library here)."""
+class GpuProgram(NamedTuple):
+    """A train step compiled for GPUs without one: the sharded model (its mesh of mock GPUs),
+    the compiled step, the target and XLA's latency-hiding schedule dump (text; "" if XLA
+    wrote none)."""
+
+    model: Any
+    compiled: Any
+    target: Any
+    schedule: str
+
+
+def compile_for_gpu(config: Config, target: str, topology: str) -> GpuProgram:
+    """``config``'s train step compiled for ``target`` GPUs in ``topology``
+    (``"HOSTSxGPUS"``) by XLA's deviceless GPU compile, with the XLA flags the launchers set on
+    a GPU host (:func:`boost_jax.gpu_settings.compiler_options`), its latency-hiding schedule
+    dumped to a temporary folder and read back. cuDNN attention is traced with jax's cuDNN
+    checks stood in for (compat.cudnn_trace_standin: no cuDNN library here)."""
     from boost_jax import compat, gpu_settings
     from boost_jax.analysis import gpu_target
     from boost_jax.tools.comm_report import compile_step
@@ -60,11 +75,20 @@ def compile_for_gpu(config: Config, target: str, topology: str):
                           f"Parallel.data x pipe x tensor = {d} x {p} x {t} needs "
                           f"{config.parallel.num_devices}")
     devices = gpu_target.gpu_devices(tgt, hosts, per_host)
-    with compat.cudnn_trace_standin():
-        options = gpu_settings.typed_compiler_options(
-            gpu_settings.compiler_options(), renamed=compat.xla_pipelining_options_renamed())
+    options = gpu_settings.typed_compiler_options(
+        gpu_settings.compiler_options(), renamed=compat.xla_pipelining_options_renamed())
+    with (compat.cudnn_trace_standin(), tempfile.TemporaryDirectory() as dump,
+          warnings.catch_warnings()):
+        # a persistent compilation cache holds the GPU executable, but a compiler without a
+        # GPU client cannot load it back (jax 0.12: "PjRtCompiler must be constructed with a
+        # Client"); jax then compiles again, as it must: that warning says nothing to act on
+        warnings.filterwarnings("ignore", "Error reading persistent compilation cache entry")
+        options.update(xla_dump_to=dump, xla_dump_latency_hiding_schedule=True)
         model, _, compiled = compile_step(config, devices, compiler_options=options)
-    return model, compiled, tgt
+        # one module compiled: one schedule (the largest file, should XLA write another)
+        dumps = sorted(Path(dump).glob("*.schedule.txt"), key=lambda f: f.stat().st_size)
+        schedule = dumps[-1].read_text() if dumps else ""
+    return GpuProgram(model, compiled, tgt, schedule)
 
 
 def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None = None,
@@ -76,7 +100,7 @@ def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None 
     from boost_jax.analysis.hlo import collectives
     from boost_jax.tools.comm_report import build_report
 
-    model, compiled, tgt = compiled or compile_for_gpu(config, target, topology)
+    model, compiled, tgt, schedule = compiled or compile_for_gpu(config, target, topology)
     rep = build_report(config, dump_hlo, compiled=compiled, mesh=model.mesh)
     hlo = compiled.as_text()
     sched = gpu_program.schedule(hlo)
@@ -89,13 +113,33 @@ def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None 
         "target": tgt.name, "device": tgt.device, "topology": topology,
         "xla_flags": gpu_settings.compiler_options(),
         "memory": gpu_program.memory(compiled, tgt.memory_bytes),
+        "memory_model": model_memory(config, model),
         "collectives": [dict(op=op, dtype=dt, bytes=b, axes=axes, runs=runs, combined=comb,
                              asynchronous=a, overlapped=o, instances=n)
                         for (op, dt, b, axes, runs, comb, a, o), n in rows.items()],
         "custom_calls": gpu_program.custom_calls(hlo),
+        "triton_kernels": [dict(kernel=k, target=a, calls=n) for (k, a), n in
+                           sorted(gpu_program.triton_kernels(hlo).items())],
         "fusions": gpu_program.fusions(hlo),
+        "latency_hiding": gpu_program.latency_hiding_estimate(schedule) if schedule else None,
     }
     return rep
+
+
+def model_memory(config: Config, model) -> dict[str, float]:
+    """The performance model's bytes per device of ``config``'s step (analysis/perf_model.py:
+    ``model_state``, ``activations``, ``logits``, ``total``), with the attention the compiled
+    plan runs (cuDNN's keeps no ``seq x seq`` scores)."""
+    from boost_jax.analysis.hardware import PROFILES
+    from boost_jax.analysis.perf_model import predict
+
+    t, plan = config.train, model.plan
+    packed = config.data.packing == "document"
+    flash = (plan.packed_attention if packed else plan.attention) == "cudnn"
+    # memory does not depend on the hardware profile (its times do)
+    pred = predict(config.model, config.parallel, t.batch_size, t.seq_len,
+                   PROFILES["h100_sxm"], dtype=t.dtype, flash_attention=flash)
+    return {**pred.memory, "total": sum(pred.memory.values())}
 
 
 def format_gpu_report(rep: dict) -> str:
@@ -112,7 +156,10 @@ def format_gpu_report(rep: dict) -> str:
              f"  of {m['capacity'] / GIB:,.2f} GiB: " + (
                  f"fits, {m['headroom'] / GIB:,.2f} GiB free" if m["fits"] else
                  f"does NOT fit, {-m['headroom'] / GIB:,.2f} GiB over") +
-             " (cuDNN's workspace not counted)", "",
+             " (cuDNN's workspace not counted)",
+             "  the performance model's (analysis/perf_model.py): " + ", ".join(
+                 f"{k} {v / 2**20:,.1f}" for k, v in g["memory_model"].items())
+             + f" MiB; model / compiled {g['memory_model']['total'] / m['total']:.2f}", "",
              "collectives of the GPU program (per device; runs per step; overlapped = compute "
              "instructions scheduled between start and done)",
              f"  {'op':<19}{'axes':<13}{'dtype':<6}{'bytes':>13}{'runs':>6}{'n':>4}  "
@@ -122,7 +169,21 @@ def format_gpu_report(rep: dict) -> str:
                      f"{r['runs']:>6}{r['instances']:>4}  {'yes' if r['asynchronous'] else 'no':<6}"
                      f"{r['overlapped']:>10}")
     lines += ["", f"fusions: {g['fusions']}; custom calls and fusion kinds: " + ", ".join(
-        f"{k} x{v}" for k, v in sorted(g["custom_calls"].items())), "",
+        f"{k} x{v}" for k, v in sorted(g["custom_calls"].items()))]
+    if g["triton_kernels"]:
+        lines.append("jax-triton kernels (the PTX's target): " + ", ".join(
+            f"{t['kernel']} ({t['target']}) x{t['calls']}" for t in g["triton_kernels"]))
+    if (lhs := g["latency_hiding"]) is not None:
+        kinds = collections.Counter()
+        for r in lhs["computations"]:
+            kinds.update({k: v * (r["runs"] or 0) for k, v in r["by_kind"].items()})
+        lines.append(
+            f"exposed collective time per step, XLA's estimate (its latency-hiding scheduler's "
+            f"wasted time, untuned costs; synchronous collectives not counted): "
+            f"{lhs['exposed_us']:,.1f} us" + (" (" + ", ".join(
+                f"{k} {v:,.1f}" for k, v in sorted(kinds.items())) + ")" if kinds else "")
+            + ("" if lhs["complete"] else "; a loop's trip count unknown: not counted"))
+    lines += ["",
         "the same program's communication against the formula (comm_report):", "",
         format_report(rep)]
     return "\n".join(lines)

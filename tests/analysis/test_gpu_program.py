@@ -64,3 +64,103 @@ def test_custom_calls_and_fusions():
     assert gpu_program.custom_calls(_HLO) == {"__cudnn$fmhaSoftmax": 1,
                                               "fusion:__triton_nested_gemm_fusion": 1}
     assert gpu_program.fusions(_HLO) == 2
+
+
+def _c_escape(data: bytes) -> str:
+    """``data`` as an HLO string attribute writes it (printable ASCII as is, octal else)."""
+    out = []
+    for b in data:
+        ch = chr(b)
+        out.append("\\" + ch if ch in '"\\' else ch if 32 <= b < 127 else f"\\{b:03o}")
+    return "".join(out)
+
+
+def test_triton_kernels_read_the_ptx_target_from_the_compressed_backend_config():
+    """jax-triton's call carries its kernel zlib-compressed in the backend config (bytes as
+    C escapes, some of them quotes and backslashes): the kernel's name and PTX target come out
+    of it, one entry per (kernel, target) with its call count."""
+    import zlib
+
+    ptx = (b'\n\x15my_kernel\x10\x04"\\//\n.version 8.7\n.target sm_90a\n.address_size 64\n'
+           b".visible .entry my_kernel(\n)")
+    config = _c_escape(zlib.compress(ptx))
+    call = (f'  %triton_kernel_call.{{}} = f32[8]{{{{0}}}} custom-call(%p), '
+            f'custom_call_target="triton_kernel_call", api_version=API_VERSION_STATUS_RETURNING, '
+            f'backend_config="{config}"')
+    text = ("HloModule m, is_scheduled=true\n\nENTRY %main (p: f32[8]) -> f32[8] {\n"
+            "  %p = f32[8]{0} parameter(0)\n" + call.format(1) + "\n"
+            + call.format(2).replace("%p)", "%triton_kernel_call.1)") + "\n"
+            "  ROOT %c = f32[8]{0} copy(%triton_kernel_call.2)\n}\n")
+    assert gpu_program.triton_kernels(text) == {("my_kernel", "sm_90a"): 2}
+    assert gpu_program.triton_kernels(_HLO) == {}
+
+
+_SCHEDULE = """\
+hlo_module {
+  name: "jit_step"
+  entry_computation_name: "main"
+  computations {
+    name: "body"
+    instructions {
+      name: "all-reduce-start"
+      opcode: "all-reduce-start"
+      id: 11
+    }
+    id: 1
+  }
+  computations {
+    name: "main"
+    instructions {
+      name: "while.1"
+      opcode: "while"
+      shape {
+      }
+      id: 31
+      operand_ids: 30
+      called_computation_ids: 1
+      called_computation_ids: 2
+      backend_config: "{\\"known_trip_count\\":{\\"n\\":\\"4\\"},\\"known_init_step\\":{}}"
+    }
+    id: 3
+  }
+  entry_computation_id: 3
+}
+computation_schedules {
+  computation_id: 1
+  instructions {
+    id: 11
+    start_timestamp_cycles: 1
+    end_timestamp_cycles: 2
+  }
+  scheduler_statistics {
+    all_reduce_wasted_cycles: 5
+    total_wasted_cycles: 5
+    total_cycles: 40
+    memory_pressure_peak: 10
+  }
+  cycles_per_microsecond: 2
+}
+computation_schedules {
+  computation_id: 3
+  scheduler_statistics {
+    all_gather_wasted_cycles: 1.5
+    total_wasted_cycles: 1.5
+    total_cycles: 9
+  }
+  cycles_per_microsecond: 1
+}
+"""
+
+
+def test_latency_hiding_estimate_weighs_each_loop_by_its_trip_count():
+    """The exposed time per step: each scheduled computation's wasted cycles, in
+    microseconds (its ``cycles_per_microsecond``), times its runs per step (a loop body: the
+    while's known trip count times its caller's runs)."""
+    est = gpu_program.latency_hiding_estimate(_SCHEDULE)
+    assert est["complete"]
+    rows = {r["computation"]: r for r in est["computations"]}
+    assert rows["body"]["runs"] == 4 and rows["body"]["by_kind"] == {"all_reduce": 2.5}
+    assert rows["main"]["runs"] == 1 and rows["main"]["exposed_us"] == 1.5
+    assert est["exposed_us"] == 4 * 2.5 + 1.5
+    unknown = gpu_program.latency_hiding_estimate(_SCHEDULE.replace("known_trip_count", "x"))
+    assert not unknown["complete"] and unknown["exposed_us"] == 1.5

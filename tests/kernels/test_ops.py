@@ -86,7 +86,7 @@ def test_kernel_choice_on_cpu():
 @pytest.fixture
 def pretend_gpu_with_jax_triton(monkeypatch):
     """``triton_available()`` true (a GPU and jax-triton), the choice cache emptied around."""
-    monkeypatch.setattr(kernels, "triton_available", lambda: True)
+    monkeypatch.setattr(kernels, "triton_available", lambda platform=None: True)
     resolve.cache_clear()
     yield
     resolve.cache_clear()

@@ -95,7 +95,7 @@ def test_btp_step_with_kernels_equals_xla(gpu, monkeypatch):
     targets = np.roll(inputs, -1, axis=1)
     results = {}
     for impl in ("triton", "xla"):
-        monkeypatch.setattr(plans, "resolve_kernels", lambda choice, impl=impl: impl)
+        monkeypatch.setattr(plans, "resolve_kernels", lambda choice, platform=None, impl=impl: impl)
         parallel = Parallel(data=1, tensor=1, tp_plan="btp")
         results[impl] = loss_and_grads(model, parallel, params, inputs, targets, "bfloat16",
                                        devices=[gpu])

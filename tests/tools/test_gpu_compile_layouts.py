@@ -1,16 +1,23 @@
 """The train step compiled by XLA's GPU compiler for 8 H100s in one host, in the layouts beside
 tests/tools/test_gpu_compile.py's (a file of its own, so that CI's two workers compile the two
 files' steps side by side): gradient accumulation, ZeRO 1 and FSDP (``Parallel.zero`` 1, 3),
-each checked for (a) the traffic against the formula and (b) the data-axis reductions'
-overlap. Compiled with the launchers' XLA flags; needs what that file needs (CI's newest
-stack)."""
+checked for (a) the traffic against the formula, (b) the data-axis reductions' overlap and
+(c) no fp32 parameter traffic, with XLA's kernels for BTP's chunk boundaries (the default;
+that file's steps run the Triton kernels where jax-triton is installed). Compiled with the
+launchers' XLA flags; needs what that file needs (CI's newest stack)."""
 
 from __future__ import annotations
 
 import pytest
 
 from boost_jax.config import Config, Data, Model, Parallel, Train
-from tests.tools.test_gpu_compile import LAYERS, SEQ, _layer_reductions, _missing
+from tests.tools.test_gpu_compile import (
+    LAYERS,
+    SEQ,
+    _layer_reductions,
+    _missing,
+    fp32_parameter_traffic,
+)
 
 pytestmark = pytest.mark.jax_sensitive
 
@@ -35,11 +42,16 @@ def test_a_with_gradient_accumulation():
 
 @pytest.mark.parametrize("zero", [1, 3])
 def test_b_under_zero_1_and_fsdp(zero):
-    """(a) and (b) for ZeRO 1 and FSDP (``Parallel.zero`` 1, 3), 1 x 8: the traffic equals the
-    formula, and each data-axis reduce-scatter of the layers' gradients is asynchronous with
+    """(a), (b) and (c) for ZeRO 1 and FSDP (``Parallel.zero`` 1, 3), 1 x 8: the traffic equals
+    the formula; each data-axis reduce-scatter of the layers' gradients is asynchronous with
     compute scheduled under it (3 instructions each under ZeRO 1, inside the layer loop; 11
     and 5 under FSDP, whose reduce-scatters XLA pipelines); FSDP's per-layer all-gathers are
-    asynchronous too (the first layer's, peeled out of the loop, has nothing to hide under)."""
+    asynchronous too (the first layer's, peeled out of the loop, has nothing to hide under);
+    no fp32 collective of a parameter's size moves but the gradients' reductions and ZeRO 1's
+    gather of the updated fp32 slices: (c) seen failing on the FSDP step compiled in fp32 (its
+    per-layer gathers then fp32). XLA itself moves a cast that follows a gather before it: with
+    parallel/data_casts.py's cast-then-gather made a gather-then-cast, the GPU program still
+    gathers bf16."""
     if (why := _missing()) is not None:
         pytest.skip(why)
     from boost_jax.tools.gpu_compile import compile_for_gpu, gpu_report
@@ -50,10 +62,13 @@ def test_b_under_zero_1_and_fsdp(zero):
                     Data(packing="document", max_segments=15))
     built = compile_for_gpu(config, "h100_sxm", "1x8")
     assert gpu_report(config, "h100_sxm", "1x8", compiled=built)["check"] == []
-    layers, sched = _layer_reductions(built[0], built[1].as_text())
+    hlo = built.compiled.as_text()
+    assert fp32_parameter_traffic(built.model, hlo) == []
+    layers, sched = _layer_reductions(built.model, hlo)
     scatters = [c for c in layers if c.op == "reduce-scatter"]
     assert scatters and sum(c.count for c in scatters) >= LAYERS
     assert all(sched[c.name].asynchronous and sched[c.name].overlapped > 0 for c in scatters)
     gathers = [c for c in layers if c.op == "all-gather"]
     assert bool(gathers) == (zero == 3)
     assert all(sched[c.name].asynchronous for c in gathers)
+

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 
 from boost_jax.errors import ConfigError
+from boost_jax.kernels import compute_capability
 from boost_jax.kernels import resolve as resolve_kernels
 from boost_jax.parallel.plans.base import Plan
 from boost_jax.parallel.plans.btp import BTPPlan
@@ -31,16 +32,20 @@ def check(model: Model, parallel: Parallel) -> None:
         _check_kernels(parallel)
 
 
-def get_plan(parallel: Parallel, **given) -> Plan:
+def get_plan(parallel: Parallel, device=None, **given) -> Plan:
     """The plan for ``parallel.tp_plan`` and its options; ``given``: what the runner decides
     (:class:`Plan`'s ``layer_hook``, ``layer_gathers``, ``attention``, ``packed_attention``,
-    ``segment_slots``). ``Parallel.kernels`` is resolved here (btp), which may ask for a GPU."""
+    ``segment_slots``). ``Parallel.kernels`` is resolved here (btp) for ``device`` (one of the
+    mesh's; ``None``: the default backend's), whose compute capability the Triton kernels are
+    compiled for."""
     options = dict(grouped=parallel.grouping, remat=parallel.remat, **given)
     if parallel.tp_plan != "btp":
         return PLANS[parallel.tp_plan](**options)
     payload = jnp.float32 if parallel.norm_payload == "float32" else None
-    return BTPPlan(rmsnorm=parallel.rmsnorm, payload_dtype=payload, kernels=_kernels(parallel),
-                   stat=parallel.norm_payload, **options)
+    kernels = _kernels(parallel, None if device is None else device.platform)
+    return BTPPlan(rmsnorm=parallel.rmsnorm, payload_dtype=payload, kernels=kernels,
+                   compute_capability=compute_capability(device) if kernels == "triton"
+                   else None, stat=parallel.norm_payload, **options)
 
 
 def _lanes(parallel: Parallel) -> bool:
@@ -48,13 +53,13 @@ def _lanes(parallel: Parallel) -> bool:
     return parallel.rmsnorm == "online" and parallel.norm_payload == "lanes"
 
 
-def _kernels(parallel: Parallel) -> str:
+def _kernels(parallel: Parallel, platform: str | None) -> str:
     """``Parallel.kernels`` resolved for btp: the Triton recovery reads the statistic as the
     payload's last element, so the statistic's lanes (``norm_payload='lanes'``) run on XLA
     under ``auto``, and ``triton`` asks for another payload (:func:`_check_kernels`)."""
     _check_kernels(parallel)
     return resolve_kernels("xla" if _lanes(parallel) and parallel.kernels == "auto"
-                           else parallel.kernels)
+                           else parallel.kernels, platform)
 
 
 def _check_kernels(parallel: Parallel) -> None:

@@ -48,6 +48,9 @@ class BTPPlan(VocabParallelPlan):
     payload_dtype: Any = None
     #: ``xla`` | ``triton``: who runs the online norm's local pass and recovery
     kernels: str = "xla"
+    #: the CUDA compute capability the Triton kernels are compiled for (``90``: sm_90; from the
+    #: mesh's devices, mock GPUs of a deviceless compile included; None: jax-triton asks)
+    compute_capability: int | None = None
     #: ``lanes`` | ``compute``: how the online statistic rides in a bf16 payload
     stat: str = "lanes"
 
@@ -64,7 +67,7 @@ class BTPPlan(VocabParallelPlan):
     def norm_down(self, h, scale, eps, gemm, act="identity"):
         if self.rmsnorm == "online":
             return online_norm_down(h, scale, eps, gemm, self.payload_dtype, act, self.kernels,
-                                    self.stat)
+                                    self.stat, self.compute_capability)
         return sync_norm_down(h, scale, eps, gemm, act)
 
     def down(self, x, gemm):
