@@ -163,8 +163,12 @@ def latency_hiding_estimate(schedule: str) -> dict:
     latency-hiding scheduler's dump (``--xla_dump_latency_hiding_schedule``: the scheduled
     module and, per scheduled computation, its ``scheduler_statistics``): per computation its
     name, runs per step (the loops' known trip counts) and wasted ("exposed") cycles per
-    collective kind; ``exposed_us``: their sum over a step, in microseconds. An estimate of
-    XLA's latency estimator with untuned costs (no GPU measured anything), not a time."""
+    collective kind; ``exposed_us``: their sum over a step, in the estimator's units
+    (``cycles_per_microsecond`` applied). Not a time: XLA's default GPU estimator is its
+    approximate one, which costs an asynchronous collective about 5,000 units whatever its
+    size (no GPU measured anything); the analytical one
+    (``--xla_gpu_enable_analytical_latency_estimator``) aborts a deviceless compile (jaxlib
+    0.12.0.1: a failed check in XLA's shape code)."""
     module, _, scheduled = schedule.partition("\ncomputation_schedules {")
     names, body_of = {}, {}
     blocks = _COMPUTATION.split(module)[1:]

@@ -178,9 +178,11 @@ def format_gpu_report(rep: dict) -> str:
         for r in lhs["computations"]:
             kinds.update({k: v * (r["runs"] or 0) for k, v in r["by_kind"].items()})
         lines.append(
-            f"exposed collective time per step, XLA's estimate (its latency-hiding scheduler's "
-            f"wasted time, untuned costs; synchronous collectives not counted): "
-            f"{lhs['exposed_us']:,.1f} us" + (" (" + ", ".join(
+            "exposed collective time per step, XLA's estimate (its latency-hiding scheduler's "
+            "wasted time in its latency estimator's units, read as us; its default, "
+            "approximate estimator costs an asynchronous collective about 5,000 whatever its "
+            "size: a count of exposed collectives, not a time; synchronous collectives not "
+            f"counted): {lhs['exposed_us']:,.1f}" + (" (" + ", ".join(
                 f"{k} {v:,.1f}" for k, v in sorted(kinds.items())) + ")" if kinds else "")
             + ("" if lhs["complete"] else "; a loop's trip count unknown: not counted"))
     lines += ["",
