@@ -21,8 +21,14 @@ def define_flags() -> None:
                       "remat policies to compare")
     flags.DEFINE_list("layouts", ["0", "1", "3", "0x4", "1x4", "3x4"],
                       "zero: Parallel.zero stages, each optionally x gradient accumulation")
-    flags.DEFINE_list("memory_rows", list(memory.ROWS), "memory: the paper-shape rows, from "
-                      f"{', '.join(memory.ROWS)}")
+    flags.DEFINE_list("memory_rows", [], "memory: the paper-shape rows, from "
+                      f"{', '.join(memory.ROWS)} (default: {', '.join(memory.CPU_ROWS)}; "
+                      f"with --target {', '.join(memory.GPU_ROWS)})")
+    flags.DEFINE_string("target", None, "memory: compile for these GPUs with XLA's GPU "
+                        f"compiler, without a GPU ({', '.join(memory.TARGET_PROFILES)}; the "
+                        "gpu_compile extra) instead of simulated CPU devices")
+    flags.DEFINE_list("methods", ["fullrank", "vanilla", "boost"], "memory --target: the "
+                      "paper's methods to compile each row for")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go; data "
                         "--prepare_mb: where the corpus and the prepared dataset go")

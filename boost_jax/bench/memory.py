@@ -1,17 +1,24 @@
-"""``python -m boost_jax.bench memory``: memory per device at the paper's pipelined shapes, the
-compiled train step's beside the performance model's.
+"""``python -m boost_jax.bench memory``: memory per device at the paper's shapes, the compiled
+train step's beside the performance model's.
 
-Rows (``--memory_rows``): the BOOST layouts of the paper's ``13B TP4xPP2`` and ``30B TP4xPP4``
-rows (analysis/paper.py: CoLA, ``btp`` online, their batch, microbatches and remat, seq 4096,
-bf16), each as published (``data=1``) and with FSDP over ``data=2`` (the batch doubled: the same
-rows per data shard), i.e. 8 to 32 devices. Each train step is compiled for abstract inputs on
-simulated CPU devices -- nothing is allocated -- and its peak per device (arguments + outputs
-- aliased + temporaries, as ``plan --verify`` reads it) is printed beside the performance
-model's prediction (``perf_model.predict`` with XLA's non-flash attention, which is what the CPU
-program runs) and the model's flash-attention figure (what a GPU run would hold).
+Rows (``--memory_rows``, :data:`ROWS`): the paper's layouts (analysis/paper.py: their batch,
+microbatches, accumulation and remat, seq 4096, bf16), each as published (``data=1``), the
+pipelined ones also with FSDP over ``data=2`` (the batch doubled: the same rows per data
+shard).
 
-The compiled figure is XLA:CPU's program, not a GPU's: the CPU keeps ``seq x seq`` attention
-scores and computes bf16 dots through fp32 copies.
+* Without ``--target`` (rows :data:`CPU_ROWS`: 13B and 30B, BOOST's layout): each train step is
+  compiled for abstract inputs on simulated CPU devices -- nothing is allocated -- and its peak
+  per device (arguments + outputs - aliased + temporaries, as ``plan --verify`` reads it) is
+  printed beside the performance model's prediction (with XLA's non-flash attention, which is
+  what the CPU program runs) and the model's flash-attention figure. The compiled figure is
+  XLA:CPU's program, not a GPU's: the CPU keeps ``seq x seq`` attention scores and computes
+  bf16 dots through fp32 copies.
+* With ``--target=a100_sxm_80`` (or ``h100_sxm``, ``h200``; rows :data:`GPU_ROWS`, the paper's
+  five, for each of ``--methods``): each step is compiled by XLA's GPU compiler for that GPU,
+  on the target's nodes (the A100s 4 per node, as the paper's), with cuDNN attention
+  (tools/gpu_compile.py: no GPU needed, the ``gpu_compile`` extra), and its peak per device is
+  printed beside the performance model's (with flash attention), the GPU's memory and whether
+  it fits. cuDNN's workspace is not in the compiled figure.
 """
 
 from __future__ import annotations
@@ -27,23 +34,36 @@ from boost_jax.config import Config, ConfigError, Data, Train
 
 FLAGS = flags.FLAGS
 
-#: (paper row, data, zero): each pipelined paper row as published and with FSDP over data=2
-ROWS = {"13b": ("13B TP4xPP2", 1, 0), "13b_fsdp": ("13B TP4xPP2", 2, 3),
+#: (paper row, data, zero): each paper row as published, the pipelined ones also with FSDP
+#: over data=2
+ROWS = {"1b": ("1B TP1", 1, 0), "3b": ("3B TP2", 1, 0), "7b": ("7B TP4", 1, 0),
+        "13b": ("13B TP4xPP2", 1, 0), "13b_fsdp": ("13B TP4xPP2", 2, 3),
         "30b": ("30B TP4xPP4", 1, 0), "30b_fsdp": ("30B TP4xPP4", 2, 3)}
+#: the rows each kind of compile runs by default (``--memory_rows`` empty): simulated CPU
+#: devices the pipelined ones (the paper's largest), a GPU target the paper's five
+CPU_ROWS = ("13b", "13b_fsdp", "30b", "30b_fsdp")
+GPU_ROWS = ("1b", "3b", "7b", "13b", "30b")
+#: --target -> the hardware profile whose GPUs per node make the topology (the paper's A100s
+#: are 4 per node: analysis/hardware.py)
+TARGET_PROFILES = {"a100_sxm_80": "a100_80gb_4gpu", "h100_sxm": "h100_sxm", "h200": "h200"}
 SEQ_LEN = 4096  # the paper's sequence length (analysis/paper.py)
 GIB = 2**30
 
 
-def row_config(name: str, dtype: str = "bfloat16") -> Config:
-    """The config of one row of :data:`ROWS`."""
-    from boost_jax.analysis.paper import WEAK_SCALING, configs
+def row_config(name: str, dtype: str = "bfloat16", method: str = "boost",
+               attention: str = "auto") -> Config:
+    """The config of one row of :data:`ROWS` for ``method`` (analysis/paper.py ``METHODS``),
+    with ``Parallel.attention=attention``."""
+    from boost_jax.analysis.paper import METHODS, WEAK_SCALING, configs
 
     if name not in ROWS:
         raise ConfigError(f"unknown memory row {name!r} (one of {', '.join(ROWS)})")
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r} (one of {', '.join(METHODS)})")
     paper, data, zero = ROWS[name]
     row = next(r for r in WEAK_SCALING if r.name == paper)
-    model, parallel = configs(row, "boost")
-    parallel = dataclasses.replace(parallel, data=data, zero=zero)
+    model, parallel = configs(row, method)
+    parallel = dataclasses.replace(parallel, data=data, zero=zero, attention=attention)
     return Config(model, parallel, Train(batch_size=row.batch * data, seq_len=SEQ_LEN,
                                          dtype=dtype), Data())
 
@@ -79,12 +99,63 @@ COLUMNS = [("layout", "<56", "layout"), ("devices", ">8", "devices"),
            ("model flash GiB", ">16.1f", "model_flash_gib")]
 
 
+def topology(config: Config, target: str) -> str:
+    """``HOSTSxGPUS`` of ``config``'s mesh on ``target``'s nodes (:data:`TARGET_PROFILES`)."""
+    from boost_jax.analysis.hardware import PROFILES
+
+    if target not in TARGET_PROFILES:
+        raise ConfigError(f"--target={target!r}: bench memory compiles for "
+                          f"{', '.join(TARGET_PROFILES)}")
+    n, per_node = config.parallel.num_devices, PROFILES[TARGET_PROFILES[target]].gpus_per_node
+    return f"{-(-n // per_node)}x{min(n, per_node)}"
+
+
+def measure_gpu_row(config: Config, target: str) -> dict:
+    """Per-device memory (GiB) of ``config``'s train step compiled by XLA's GPU compiler for
+    ``target`` GPUs (tools/gpu_compile.py, no GPU needed), beside the performance model's and
+    the GPU's capacity."""
+    from boost_jax.analysis import gpu_program
+    from boost_jax.tools.gpu_compile import compile_for_gpu, model_memory
+
+    m, par = config.model, config.parallel
+    topo = topology(config, target)
+    built = compile_for_gpu(config, target, topo)
+    mem = gpu_program.memory(built.compiled, built.target.memory_bytes)
+    model = model_memory(config, built.model)
+    return {"layout": f"{m.size} {m.arch} {par.tp_plan} data={par.data} pipe={par.pipe} "
+                      f"tensor={par.tensor} zero={par.zero} micro={par.microbatches} "
+                      f"accum={par.grad_accum} remat={par.remat}",
+            "topology": topo, "compiled_gib": mem["total"] / GIB, "temp_gib": mem["temp"] / GIB,
+            "model_gib": model["total"] / GIB, "capacity_gib": mem["capacity"] / GIB,
+            "fits": mem["fits"], "model": {k: v / GIB for k, v in model.items()}}
+
+
+GPU_COLUMNS = [("layout", "<74", "layout"), ("hosts x GPUs", ">13", "topology"),
+               ("compiled GiB", ">13.1f", "compiled_gib"), ("temp GiB", ">10.1f", "temp_gib"),
+               ("model GiB", ">11.1f", "model_gib"),
+               ("model/compiled", ">15.2f", lambda r: r["model_gib"] / r["compiled_gib"]),
+               ("of GiB", ">8.1f", "capacity_gib"),
+               ("fits", ">6", lambda r: "yes" if r["fits"] else "NO")]
+
+
+def _run_gpu(config: Config) -> int:
+    """The paper rows (``--memory_rows``, default :data:`GPU_ROWS`) x ``--methods`` compiled
+    for ``--target`` with cuDNN attention (what the paper's GPU runs use: no seq x seq
+    scores)."""
+    rows = [measure_gpu_row(row_config(name, config.train.dtype, method, "cudnn"),
+                            FLAGS.target)
+            for name in FLAGS.memory_rows or GPU_ROWS for method in FLAGS.methods]
+    print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows,
+                                                                              GPU_COLUMNS)))
+    return 0
+
+
 def _run(config: Config) -> int:
     import jax
 
     devices = jax.devices()
     rows = []
-    for name in FLAGS.memory_rows:
+    for name in FLAGS.memory_rows or CPU_ROWS:
         row = row_config(name, config.train.dtype)
         if row.parallel.num_devices > len(devices):
             raise ConfigError(f"memory row {name!r} needs {row.parallel.num_devices} devices, "
@@ -95,9 +166,16 @@ def _run(config: Config) -> int:
 
 
 def main(argv) -> int:
+    if FLAGS.target:
+        import jax
+
+        # before any backend starts: the CUDA plugin compiles for mock GPUs (gpu_compile.py)
+        jax.config.update("jax_platforms", "cpu")
+        return run_benchmark("memory", argv, ["Train.dtype='bfloat16'"], _run_gpu)
     # the configured mesh is only how many devices to simulate: the rows bring their layouts
     try:
-        n = max(row_config(name).parallel.num_devices for name in FLAGS.memory_rows)
+        n = max(row_config(name).parallel.num_devices
+                for name in FLAGS.memory_rows or CPU_ROWS)
     except ConfigError as err:
         return user_error("bench memory", err)
     mesh = [f"Parallel.data={n}", "Parallel.tensor=1", "Parallel.pipe=1",

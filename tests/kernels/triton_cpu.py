@@ -2,7 +2,9 @@
 Triton's CPU interpreter, and a compile of a kernel for a CUDA GPU the way jax-triton does it.
 
 * Where triton or torch is missing the Triton tests skip, unless ``BOOST_JAX_REQUIRE_TRITON=1``
-  (CI sets it, having installed triton): then the missing package fails the module.
+  (CI's first stack sets it, having installed triton and torch): then the missing package
+  fails the module. A comma-separated list of modules instead of ``1`` requires those only
+  (CI's newest stack: ``jax_triton,triton``, installed for the GPU compile, without torch).
 * Triton reads ``TRITON_INTERPRET`` when it is imported (its own ``tl.sum`` & co. are decorated
   then) and when a kernel is decorated, for the whole process. So the interpreter tests set it
   before importing triton, and are skipped in a ``BOOST_JAX_GPU_TESTS=1`` run, whose GPU tests
@@ -54,15 +56,23 @@ def scalar_type(value) -> str:
     raise TypeError(f"jax-triton takes no positional scalar of type {type(value).__name__}")
 
 
+def required(name: str) -> bool:
+    """Whether this run must have ``name`` (``BOOST_JAX_REQUIRE_TRITON``: ``1``, or a
+    comma-separated list of module names that holds it)."""
+    value = os.environ.get(REQUIRE_ENV, "")
+    return value == "1" or name in value.split(",")
+
+
 def require(name: str) -> ModuleType:
-    """``import name``; when it fails: skip the calling module, or fail it when
-    ``BOOST_JAX_REQUIRE_TRITON=1``."""
+    """``import name``; when it fails: skip the calling module, or fail it when this run
+    requires ``name`` (:func:`required`)."""
     try:
         return importlib.import_module(name)
     except ImportError as err:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {name} does not import ({err}); install "
-                        "triton (see .ci/run)", pytrace=False)
+        if required(name):
+            value = os.environ[REQUIRE_ENV]
+            pytest.fail(f"{REQUIRE_ENV}={value} but {name} does not import ({err}); install "
+                        "it (see .ci/run)", pytrace=False)
         pytest.skip(f"needs {name} ({err}); CI sets {REQUIRE_ENV}=1 and installs it",
                     allow_module_level=True)
 

@@ -6,8 +6,8 @@ The tiny CoLA model (4 layers) under btp in bf16, packed rows, cuDNN attention, 
 inside a host (data 2 x tensor 4; data 4 x tensor 4 across the 2 hosts), BTP's chunk
 boundaries on the Triton kernels (``Parallel.kernels='triton'``, ``norm_payload='float32'``)
 where jax-triton and Triton are installed (CI's newest stack, which must not skip them:
-``BOOST_JAX_REQUIRE_TRITON=1``), else on XLA's. What the GPU program holds, not the CPU one
-the rest of the suite reads:
+``BOOST_JAX_REQUIRE_TRITON=jax_triton,triton``), else on XLA's. What the GPU program holds,
+not the CPU one the rest of the suite reads:
 
 * (a) its tensor-axis traffic per layer and its data- and tensor-axis traffic per step equal
   the analytic formula (XLA's combining counted per combined element, the same bytes; the
