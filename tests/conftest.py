@@ -62,28 +62,6 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 REPO = Path(__file__).resolve().parents[1]
 
 
-#: the suite's longest test files, longest first (each one's summed test time on 2 cores,
-#: 100 s to 250 s, 2026-11-27/28 runs; the GPU compile files on CI's newest stack only). Run
-#: with a worker per core, pytest-xdist hands each worker the next file in collection order as
-#: it frees up (``--dist loadfile``): collected first, the long files start first and the short
-#: ones fill in after them, rather than one long file running alone at the end.
-LONGEST_FIRST = (
-    "tests/parallel/test_multiprocess.py", "tests/tools/test_gpu_compile_layouts.py",
-    "tests/parallel/test_plans.py", "tests/train/test_trainer.py",
-    "tests/train/test_object_store.py", "tests/parallel/test_zero.py",
-    "tests/parallel/test_remat.py", "tests/parallel/test_communication.py",
-    "tests/train/test_object_store_runs.py", "tests/tools/test_gpu_compile.py",
-    "tests/train/test_step.py", "tests/train/test_parallel_runs.py", "tests/train/test_cli.py",
-    "tests/parallel/test_pipeline.py")
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    """The files of :data:`LONGEST_FIRST` first, in its order; the others after them, in
-    collection order (a stable sort: a file's tests stay together and in order)."""
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 @pytest.fixture(autouse=True)
 def _clean_gin():
     """Gin bindings are global: every test starts and ends without any."""

@@ -78,14 +78,3 @@ def test_llvm_level_leaves_the_program_and_its_memory_unchanged():
         assert abs(suite[1][3] - default[1][3]) <= 1e-3 * default[1][3]
     else:
         assert suite == default
-
-
-def test_the_longest_first_files_exist():
-    """conftest's ``LONGEST_FIRST`` (the scheduling order of the long test files) names files
-    that exist: a renamed file would silently fall back to collection order."""
-    from pathlib import Path
-
-    from tests.conftest import LONGEST_FIRST
-
-    root = Path(__file__).resolve().parents[1]
-    assert [p for p in LONGEST_FIRST if not (root / p).is_file()] == []
