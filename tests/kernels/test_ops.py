@@ -106,3 +106,16 @@ def test_auto_takes_triton_only_once_its_gpu_parity_test_is_recorded(
                                    gpu_verified.PATHS["triton_kernels"] + "::test_norm_local")
     monkeypatch.setattr(gpu_verified, "RECORD", {"triton_kernels": passed})
     assert resolve("auto") == "triton"
+
+
+def test_compute_capability_of_a_device():
+    """The compute capability the plan passes to jax-triton: a CUDA device's ``"9.0"`` is 90
+    (``"8.6"``: 86); a CPU device, which has none, gives None (jax-triton then asks the GPU)."""
+    from types import SimpleNamespace
+
+    from boost_jax.kernels import compute_capability
+
+    assert compute_capability(SimpleNamespace(compute_capability="9.0")) == 90
+    assert compute_capability(SimpleNamespace(compute_capability="8.6")) == 86
+    assert compute_capability(jax.devices()[0]) is None
+    assert compute_capability(SimpleNamespace(compute_capability="sm_90")) is None

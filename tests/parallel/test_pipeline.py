@@ -136,11 +136,25 @@ def test_stages_share_the_embedding_and_the_head():
                                             ("reduce-scatter", scattered)))
 
 
-def test_stage_parameters_are_not_kept_per_iteration():
-    """GPipe with ``full`` remat: two more pipeline iterations (microbatches 2 -> 4) add less
-    compiled temporary memory than one copy of the stage's parameters -- the stage's layers
-    are not re-sliced (and kept for the backward pass) in every iteration, which held 19 GiB
-    per device at the paper's 30B TP4xPP4 shape (``bench memory``)."""
+CIRCULAR_KEEPS_SLICES = pytest.mark.xfail(
+    strict=True, reason="issue 45: the circular schedule slices a repeat's layers in every "
+    "iteration and the backward pass keeps each slice (+521 KB for two iterations against a "
+    "361 KB stage here); a jax.checkpoint that re-slices them instead did not remove it")
+
+
+@pytest.mark.parametrize("layout", [
+    {}, {"zero": 3},
+    pytest.param({"pipeline_schedule": "circular", "pipeline_repeats": 2},
+                 marks=CIRCULAR_KEEPS_SLICES)], ids=["gpipe", "fsdp", "circular"])
+def test_stage_parameters_are_not_kept_per_iteration(layout):
+    """``full`` remat: two more pipeline iterations (microbatches 2 -> 4) add less compiled
+    temporary memory than one copy of the stage's parameters (FSDP: of its ``1 / data``
+    shard) -- the stage's layers are not kept for the backward pass once per iteration.
+    GPipe uses the stage's layers as they are (the slice it took in every iteration held
+    19 GiB per device at the paper's 30B TP4xPP4 shape, ``bench memory``). FSDP slices its
+    sharded layers in the iteration; at this shape its increment stays under the shard's size.
+    The circular schedule keeps a copy per iteration: a known defect (issue 45), marked so
+    that the test fails once it is fixed and the mark is left in place."""
     from boost_jax.analysis.comm import local_parameters
     from boost_jax.tools.comm_report import compile_step
 
@@ -148,8 +162,10 @@ def test_stage_parameters_are_not_kept_per_iteration():
     temp = {}
     for m in (2, 4):
         parallel = Parallel(data=2, pipe=2, tensor=2, tp_plan="btp", microbatches=m,
-                            remat="full")
+                            remat="full", **layout)
         config = Config(model, parallel, Train(batch_size=8, seq_len=16), Data())
         temp[m] = compile_step(config)[2].memory_analysis().temp_size_in_bytes
     stage_bytes = 4 * local_parameters(model, parallel)[0]
+    if layout.get("zero") == 3:
+        stage_bytes //= parallel.data  # FSDP's stage: its 1 / data shard of the layers
     assert temp[4] - temp[2] < stage_bytes, (temp, stage_bytes)
