@@ -11,12 +11,38 @@ pyproject.toml and read back in tests/train/test_metrics.py), flushing after eac
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto.event_pb2 import Event, SessionLog
-from tensorboardX.summary import scalar, text
+
+@contextlib.contextmanager
+def _without_torch() -> Iterator[None]:
+    """Imports inside see no PyTorch, unless it is already imported.
+
+    ``tensorboardX/__init__.py`` imports its ``SummaryWriter`` module, which imports torch when
+    it is installed (for ``torch.Tensor`` values; ``except ImportError`` otherwise): 3 s of
+    every trainer's start on a host with torch, for a writer that needs none of it. A ``None``
+    entry in ``sys.modules`` makes ``import torch`` raise ImportError (Python's documented
+    import protocol); the entry is removed afterwards, so a later ``import torch`` works
+    (tests/train/test_metrics.py checks both)."""
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+
+
+with _without_torch():
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+    from tensorboardX.summary import scalar, text
 
 
 class EventFile:

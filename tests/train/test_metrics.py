@@ -101,3 +101,23 @@ def test_a_full_disk_under_metrics_jsonl_is_one_line(tmp_path):
     err = _in_time(lambda: writer.write(1, {"loss": 1.0}))
     assert isinstance(err, WriteError)
     assert str(err).startswith(f"could not write {tmp_path / 'metrics.jsonl'}: No space left")
+
+
+def test_the_trainer_starts_without_importing_torch():
+    """Guards train/tensorboard.py's import: tensorboardX's package imports torch when it is
+    installed (3 s of every trainer's start on a host with torch); the trainer's modules load
+    without it, and torch still imports afterwards where it is installed (CI's floor stack
+    has it)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.util; import boost_jax.train.loop, boost_jax.train.metrics; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert 'tensorboardX' in sys.modules; "
+            "print(importlib.util.find_spec('torch') is not None and "
+            "bool(__import__('torch').zeros(1).shape))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(importlib.util.find_spec("torch") is not None)
