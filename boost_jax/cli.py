@@ -73,9 +73,11 @@ class QuietLibraries(pylogging.Filter):
         return True
 
 
-def setup_devices(config: Config) -> None:
+def setup_devices(config: Config, simulated: bool = True) -> None:
     """Start multi-process JAX (or request the simulated CPU devices the mesh needs), turn on
-    the compilation cache, quiet processes other than 0. Before JAX starts its backends."""
+    the compilation cache, quiet processes other than 0. Before JAX starts its backends.
+    ``simulated=False``: the command's mesh is not run on the host's devices (it compiles for
+    mock GPUs: tools/gpu_compile.py), so no line says they are simulated."""
     from boost_jax.parallel import distributed
     from boost_jax.parallel.mesh import request_host_devices
 
@@ -95,7 +97,7 @@ def setup_devices(config: Config) -> None:
 
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
-    if jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
+    if simulated and jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
         from boost_jax.train.progress import say
 
         each = f" in each of {jax.process_count()} processes" if jax.process_count() > 1 else ""
@@ -138,14 +140,15 @@ def limit_lapack_threads(config: Config) -> None:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
-def run_command(prog: str, body: Callable[[Config], int | None]) -> int:
-    """Parse gin, validate, set up devices and run ``body(config)``; returns the exit code."""
+def run_command(prog: str, body: Callable[[Config], int | None], simulated: bool = True) -> int:
+    """Parse gin, validate, set up devices and run ``body(config)``; returns the exit code.
+    ``simulated``: :func:`setup_devices`'."""
     logging.set_verbosity(logging.INFO)
     logging.get_absl_handler().addFilter(QuietLibraries())
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(CONFIGS_DIR)])
         config = load_config()
-        setup_devices(config)
+        setup_devices(config, simulated)
         limit_lapack_threads(config)
         return body(config) or 0
     except ConfigError as err:

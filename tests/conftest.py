@@ -62,6 +62,20 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: test files handed to the workers first: the GPU compile tests, the longest files of CI's
+#: newest stack (~90 s each of one worker's time, 2026-11-28; skipped at once on the floor
+#: stack), which pytest-xdist's ``--dist loadfile`` otherwise reaches last (``tools/`` sorts
+#: after ``parallel/``): one of them then ran alone at the end while the other worker idled
+FIRST = ("tests/tools/test_gpu_compile.py", "tests/tools/test_gpu_compile_layouts.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The files of :data:`FIRST` first, the others after them in collection order (a stable
+    sort: a file's tests stay together and in order)."""
+    rank = {path: i for i, path in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _clean_gin():
     """Gin bindings are global: every test starts and ends without any."""

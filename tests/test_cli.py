@@ -83,3 +83,17 @@ def test_the_entry_point_keeps_loros_lapack_to_one_thread(monkeypatch, caplog):
     cli.limit_lapack_threads(_loro())
     assert "OPENBLAS_NUM_THREADS" not in os.environ
     assert "loaded before OPENBLAS_NUM_THREADS could be set" in caplog.text
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_only_a_mesh_run_on_the_host_says_its_devices_are_simulated(capsys, simulated):
+    """``no accelerator: simulating N CPU devices`` on stderr when the command runs its mesh
+    on the host's CPU devices; not for the commands that compile for mock GPUs
+    (``gpu_compile``, ``bench memory --target``: ``simulated=False``), where it was wrong."""
+    from boost_jax.config import Config, Data, Parallel, Train
+    from boost_jax.testing import tiny
+
+    cli.define_gin_flags()  # the multi-process flags setup_devices reads (unset: one process)
+    config = Config(tiny(), Parallel(data=2, tensor=4), Train(batch_size=2), Data())
+    cli.setup_devices(config, simulated)
+    assert ("no accelerator: simulating 8 CPU devices" in capsys.readouterr().err) == simulated

@@ -331,10 +331,17 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     else:
         kept, peak = layer, 0.0
     # pipelining keeps a microbatch's activations per loop iteration (bubbles included)
-    # (``R M + S - 1`` iterations of the stage's ``L / (S R)`` layers per pass)
-    passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1
+    # (``R M + S - 1`` iterations of the stage's ``L / (S R)`` layers per pass), and one
+    # iteration's more where the stage's layers run in a loop: XLA builds an iteration's
+    # layer-loop residuals in a buffer of their own and copies them into the pipeline loop's
+    # stacked residuals, both alive at the forward pass's end (the 13B TP4xPP2 row compiled
+    # for A100s: 131.8 GiB, 3 passes' activations for M = 1). Not under FSDP, whose compiled
+    # program shows no such copy (the same row with FSDP over data=2: 54.5 GiB)
+    group = layers // parallel.repeats
+    copy = group > 1 and fsdp == 1
+    passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1 + copy
               if parallel.pipe > 1 else 1)
-    activations = kept * layers // parallel.repeats * tokens * passes + peak * tokens
+    activations = kept * group * tokens * passes + peak * tokens
     heads = parallel.microbatches / parallel.pipe if parallel.pipe > 1 else 1
     logits = LOGITS * tokens * heads * model.vocab_size / p * 4
     return {"model_state": state, "activations": activations, "logits": logits}

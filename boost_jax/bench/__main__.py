@@ -29,6 +29,8 @@ def define_flags() -> None:
                         "gpu_compile extra) instead of simulated CPU devices")
     flags.DEFINE_list("methods", ["fullrank", "vanilla", "boost"], "memory --target: the "
                       "paper's methods to compile each row for")
+    flags.DEFINE_integer("memory_microbatches", None, "memory: the pipelined rows with this "
+                         "many pipeline microbatches instead of the paper's")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go; data "
                         "--prepare_mb: where the corpus and the prepared dataset go")

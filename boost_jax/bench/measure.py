@@ -104,10 +104,12 @@ def ratio_line(a: dict, b: dict, name_a: str, name_b: str, tp_bytes: str) -> str
             f"x{x('temp_mib'):.3f}, TP bytes x{x(tp_bytes):.2f}")
 
 
-def run_benchmark(name: str, argv: list[str], defaults: list[str], body) -> int:
+def run_benchmark(name: str, argv: list[str], defaults: list[str], body,
+                  simulated: bool = True) -> int:
     """Run ``body(config)`` as ``python -m boost_jax.bench <name>``: the benchmark's default gin
-    bindings go first, so the user's ``--gin_param`` override them."""
+    bindings go first, so the user's ``--gin_param`` override them; ``simulated``:
+    :func:`boost_jax.cli.setup_devices`'."""
     if len(argv) > 1:
         raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
     flags.FLAGS.gin_param = defaults + list(flags.FLAGS.gin_param)
-    return run_command(f"bench {name}", body)
+    return run_command(f"bench {name}", body, simulated)

@@ -51,9 +51,10 @@ GIB = 2**30
 
 
 def row_config(name: str, dtype: str = "bfloat16", method: str = "boost",
-               attention: str = "auto") -> Config:
+               attention: str = "auto", microbatches: int | None = None) -> Config:
     """The config of one row of :data:`ROWS` for ``method`` (analysis/paper.py ``METHODS``),
-    with ``Parallel.attention=attention``."""
+    with ``Parallel.attention=attention``; a pipelined row with ``microbatches`` pipeline
+    microbatches instead of the paper's, when given."""
     from boost_jax.analysis.paper import METHODS, WEAK_SCALING, configs
 
     if name not in ROWS:
@@ -64,6 +65,8 @@ def row_config(name: str, dtype: str = "bfloat16", method: str = "boost",
     row = next(r for r in WEAK_SCALING if r.name == paper)
     model, parallel = configs(row, method)
     parallel = dataclasses.replace(parallel, data=data, zero=zero, attention=attention)
+    if microbatches and parallel.pipe > 1:
+        parallel = dataclasses.replace(parallel, microbatches=microbatches)
     return Config(model, parallel, Train(batch_size=row.batch * data, seq_len=SEQ_LEN,
                                          dtype=dtype), Data())
 
@@ -142,8 +145,8 @@ def _run_gpu(config: Config) -> int:
     """The paper rows (``--memory_rows``, default :data:`GPU_ROWS`) x ``--methods`` compiled
     for ``--target`` with cuDNN attention (what the paper's GPU runs use: no seq x seq
     scores)."""
-    rows = [measure_gpu_row(row_config(name, config.train.dtype, method, "cudnn"),
-                            FLAGS.target)
+    rows = [measure_gpu_row(row_config(name, config.train.dtype, method, "cudnn",
+                                       FLAGS.memory_microbatches), FLAGS.target)
             for name in FLAGS.memory_rows or GPU_ROWS for method in FLAGS.methods]
     print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows,
                                                                               GPU_COLUMNS)))
@@ -156,7 +159,7 @@ def _run(config: Config) -> int:
     devices = jax.devices()
     rows = []
     for name in FLAGS.memory_rows or CPU_ROWS:
-        row = row_config(name, config.train.dtype)
+        row = row_config(name, config.train.dtype, microbatches=FLAGS.memory_microbatches)
         if row.parallel.num_devices > len(devices):
             raise ConfigError(f"memory row {name!r} needs {row.parallel.num_devices} devices, "
                               f"{len(devices)} are visible")
@@ -171,7 +174,8 @@ def main(argv) -> int:
 
         # before any backend starts: the CUDA plugin compiles for mock GPUs (gpu_compile.py)
         jax.config.update("jax_platforms", "cpu")
-        return run_benchmark("memory", argv, ["Train.dtype='bfloat16'"], _run_gpu)
+        return run_benchmark("memory", argv, ["Train.dtype='bfloat16'"], _run_gpu,
+                             simulated=False)
     # the configured mesh is only how many devices to simulate: the rows bring their layouts
     try:
         n = max(row_config(name).parallel.num_devices

@@ -16,6 +16,14 @@ back around the ring (kept in a buffer until its turn, which needs ``M >= S``). 
 iterations in all: the bubble is ``(S - 1) / (R M + S - 1)``. Every stage runs every
 iteration; idle ones compute on zeros whose results are discarded.
 
+Memory. The backward pass keeps every iteration's activations, the bubbles' included --
+``R M + S - 1`` microbatches' worth per stage, where 1F1B keeps at most ``S`` -- and, without
+FSDP, one iteration's more: XLA builds an iteration's layer-loop residuals in a buffer of their
+own and copies them into this loop's stacked residuals (the paper's 13B TP4xPP2 row compiled
+for A100s holds three passes' activations at ``M = 1``: docs/BENCHMARKS.md, ``bench memory``).
+Unrolling this loop in Python removes that copy but keeps a stage-sized gradient buffer per
+iteration instead (measured, issue 45): not done.
+
 Gradient reduction (GPipe at zero stages 0 and 1, no accumulation). Iteration 0 runs before
 the loop: it casts each layer through ``plan.layer_params(..., keep=True)`` and the loop's
 iterations use the kept casts. Iteration 0 is the last one of the backward pass, and the

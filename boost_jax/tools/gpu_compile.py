@@ -205,7 +205,7 @@ def main(argv) -> int:
     # before any backend starts: the CUDA plugin is then the compiler of the mock GPUs, not a
     # backend that fails to start on a host without CUDA (analysis/gpu_target.py)
     jax.config.update("jax_platforms", "cpu")
-    return run_command("gpu_compile", _report)
+    return run_command("gpu_compile", _report, simulated=False)
 
 
 if __name__ == "__main__":

@@ -17,29 +17,32 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+#: what tensorboardX's package imports when it is installed and this writer never uses:
+#: PyTorch (``tensorboardX/writer.py``, for ``torch.Tensor`` values) and the S3 and GCS clients
+#: (``tensorboardX/record_writer.py``, for ``s3://`` / ``gs://`` log directories) -- 3 s and
+#: 2 s of every trainer's start on a host with them (the ``test`` and ``gcs`` extras bring the
+#: clients); each is imported in a ``try ... except ImportError``
+UNUSED = ("torch", "boto3", "google.cloud.storage")
+
 
 @contextlib.contextmanager
-def _without_torch() -> Iterator[None]:
-    """Imports inside see no PyTorch, unless it is already imported.
-
-    ``tensorboardX/__init__.py`` imports its ``SummaryWriter`` module, which imports torch when
-    it is installed (for ``torch.Tensor`` values; ``except ImportError`` otherwise): 3 s of
-    every trainer's start on a host with torch, for a writer that needs none of it. A ``None``
-    entry in ``sys.modules`` makes ``import torch`` raise ImportError (Python's documented
-    import protocol); the entry is removed afterwards, so a later ``import torch`` works
+def _without(modules: tuple[str, ...]) -> Iterator[None]:
+    """Imports inside see none of ``modules`` that is not imported yet: a ``None`` entry in
+    ``sys.modules`` makes importing it raise ImportError (Python's documented import
+    protocol); the entries are removed afterwards, so later imports of them work
     (tests/train/test_metrics.py checks both)."""
-    if "torch" in sys.modules:
-        yield
-        return
-    sys.modules["torch"] = None
+    hidden = [name for name in modules if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None
     try:
         yield
     finally:
-        if sys.modules.get("torch", 0) is None:
-            del sys.modules["torch"]
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
-with _without_torch():
+with _without(UNUSED):
     from tensorboardX.event_file_writer import EventsWriter
     from tensorboardX.proto.event_pb2 import Event, SessionLog
     from tensorboardX.summary import scalar, text

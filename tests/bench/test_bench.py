@@ -84,6 +84,8 @@ def test_bench_memory_rows_are_the_paper_layouts_and_compile():
     assert (c13.parallel.tensor, c13.parallel.pipe, c13.parallel.data) == (4, 2, 1)
     assert (f13.parallel.data, f13.parallel.zero) == (2, 3)
     assert f13.train.batch_size == 2 * c13.train.batch_size and set(ROWS) >= {"30b_fsdp"}
+    assert row_config("13b", microbatches=4).parallel.microbatches == 4  # --memory_microbatches
+    assert row_config("7b", microbatches=4).parallel.microbatches == 1  # not pipelined
     small = Config(tiny("cola", n_layers=4), Parallel(data=2, pipe=2, tensor=2, zero=3,
                                                       microbatches=2),
                    Train(batch_size=8, seq_len=16, dtype="bfloat16"), Data())

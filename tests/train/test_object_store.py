@@ -405,8 +405,12 @@ def uninterrupted(tiny_data, tmp_path_factory) -> dict[int, float]:
     return _losses(ref)
 
 
+#: CI runs the killed run on the S3 emulator (``emulator_run``); on GCS's with ``-m slow``:
+#: what differs between the schemes under it -- verification, quarantine, unfinished saves,
+#: the run's files -- the unmarked tests above check on both
 @pytest.mark.slow
-@pytest.mark.emulator_run
+@pytest.mark.parametrize("store", [pytest.param("s3", marks=pytest.mark.emulator_run), "gs"],
+                         indirect=True)
 def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data, tmp_path,
                                                                 uninterrupted):
     """``python -m boost_jax.train`` with its checkpoints on the object store: SIGKILL while
