@@ -51,6 +51,8 @@ def define_flags() -> None:
     flags.DEFINE_list("parts", list(gpu.PARTS), "gpu: parts to measure")
     flags.DEFINE_list("seq_lens", ["4096"], "gpu attention: sequence lengths")
     flags.DEFINE_bool("paper", False, "model: the paper's rows, measured beside predicted")
+    flags.DEFINE_bool("held_out", False, "model --paper: the row-fitted constants refitted with "
+                      "each full-rank row left out, and that row's error (analysis/calibrate.py)")
     flags.DEFINE_string("hardware", "a100_80gb_4gpu", "model: hardware profile")
     flags.DEFINE_multi_string("hw_override", [], "model: field=value of the hardware profile")
     flags.DEFINE_multi_string("eff_override", [], "model: field=value of the efficiency "

@@ -1,6 +1,7 @@
 """``python -m boost_jax.bench model``: the performance model's predictions.
 
     python -m boost_jax.bench model --paper [--json]          # the paper's rows, side by side
+    python -m boost_jax.bench model --paper --held_out        # the fitted constants held out
     python -m boost_jax.bench model [--gin_param=...]         # one configured run
 
 ``--hardware`` picks a profile (analysis/hardware.py: a100_80gb_4gpu, h100_sxm, h200);
@@ -63,10 +64,41 @@ def format_paper(table: list[dict], hw: Hardware, eff: Efficiency) -> str:
     return "\n".join(lines)
 
 
+def format_held_out(rows: list[dict], everything: Efficiency) -> str:
+    """:func:`boost_jax.analysis.calibrate.leave_one_out`'s table."""
+    from boost_jax.analysis.calibrate import FITTED
+
+    head = (f"{'full-rank row':<14}{'measured s':>11}  {'in sample':>10}  {'held out':>9}  "
+            + "  ".join(f"{name + ' (fit without it)':>28}" for name in FITTED))
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['row']:<14}{r['measured_s']:>11.2f}  {_pct(r['in_sample_error']):>10}"
+                     f"  {_pct(r['held_out_error']):>9}  " + "  ".join(
+                         f"{r['fitted'][name]:>28.3f}" for name in FITTED))
+    lines.append("fitted on every full-rank row: " + ", ".join(
+        f"{name}={getattr(everything, name):.3f}" for name in FITTED))
+    return "\n".join(lines)
+
+
+def _held_out(hw: Hardware, eff: Efficiency) -> int:
+    from boost_jax.analysis.calibrate import fit, leave_one_out
+    from boost_jax.analysis.paper import WEAK_SCALING
+
+    rows, everything = leave_one_out(WEAK_SCALING, hw, eff), fit(WEAK_SCALING, hw, eff)
+    if FLAGS.json:
+        print(json.dumps({"held_out": rows, "fitted_on_all": dataclasses.asdict(everything)},
+                         indent=1))
+    else:
+        print(format_held_out(rows, everything))
+    return 0
+
+
 def _paper() -> int:
     from boost_jax.analysis.paper import ARCHITECTURES, SPEEDUP_RANGES, WEAK_SCALING, compare
 
     hw, eff = hardware_and_efficiency()
+    if FLAGS.held_out:
+        return _held_out(hw, eff)
     weak, archs = compare(WEAK_SCALING, hw, eff), compare(ARCHITECTURES, hw, eff)
     if FLAGS.json:
         print(json.dumps({"hardware": dataclasses.asdict(hw), "efficiency":
@@ -117,6 +149,7 @@ def _one(config: Config) -> int:
 def main(argv) -> int:
     if len(argv) > 1:
         raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
+    # the model compiles nothing and runs on no device: no line about simulated devices
     if FLAGS.paper:
-        return run_command("bench model", lambda _: _paper())
-    return run_command("bench model", _one)
+        return run_command("bench model", lambda _: _paper(), simulated=False)
+    return run_command("bench model", _one, simulated=False)

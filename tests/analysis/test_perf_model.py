@@ -180,3 +180,25 @@ def test_paper_rows_ignore_the_runs_gin_bindings():
     parse_gin(bindings=["Model.n_layers=2", "Parallel.zero=3"])
     assert Model().n_layers == 2  # the binding is live
     assert configs(row, "boost") == before
+
+
+def test_the_fitted_constants_are_recovered_from_times_they_made():
+    """Guards analysis/calibrate.py's fit: full-rank "measured" times made by the model itself
+    with attention=0.30, memory=0.70 are fitted back from the shipped constants to within
+    0.5 %, on two rows (as few as the two constants need)."""
+    import dataclasses
+
+    from boost_jax.analysis.calibrate import fit
+    from boost_jax.analysis.hardware import PROFILES
+    from boost_jax.analysis.paper import WEAK_SCALING, configs
+    from boost_jax.analysis.perf_model import Efficiency, predict
+
+    hw, truth = PROFILES["a100_80gb_4gpu"], Efficiency(attention=0.30, memory=0.70)
+    rows = []
+    for row in (WEAK_SCALING[0], WEAK_SCALING[3]):
+        model, parallel = configs(row, "fullrank")
+        made = predict(model, parallel, row.batch, 4096, hw, truth).step_s
+        rows.append(dataclasses.replace(row, measured={**row.measured, "fullrank": made}))
+    got = fit(rows, hw)
+    assert abs(got.attention / 0.30 - 1) < 5e-3 and abs(got.memory / 0.70 - 1) < 5e-3, got
+    assert got.comm == Efficiency().comm  # the others stay as shipped
