@@ -42,6 +42,10 @@ LEASE = "lease.json"
 TTL_S = 120.0  #: a lease not renewed for this long is stale (its holder is gone)
 RENEW_S = 30.0  #: how often the holder renews it (a quarter of the TTL: three renewals may fail)
 SETTLE_S = 2.0  #: how long a new holder waits before it reads its lease back
+#: a read of the lease that meets its holder rewriting it -- S3's ``If-Match`` on the ETag the
+#: read started with fails (s3fs ``FileExpired``), the GCS emulator serves a half-written object
+#: -- is tried again, this many times, this far apart: the next read shows the renewal
+READ_TRIES, READ_RETRY_S = 5, 0.05
 
 
 class CheckpointDirBusy(WorkdirBusy):
@@ -82,11 +86,25 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def _read(self) -> dict | None:
-        try:
-            lease = json.loads(self.path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return lease if isinstance(lease, dict) else None
+        """The lease, or None when there is none (or it stays unreadable JSON: taken as none,
+        as before). A read that fails while the holder rewrites the object is tried again
+        (:data:`READ_TRIES`); a store error that persists is raised."""
+        for attempt in range(READ_TRIES):
+            last = attempt == READ_TRIES - 1
+            try:
+                lease = json.loads(self.path.read_text())
+            except FileNotFoundError:
+                return None
+            except ValueError:
+                if last:
+                    return None
+            except OSError:
+                if last:
+                    raise
+            else:
+                return lease if isinstance(lease, dict) else None
+            self.sleep(READ_RETRY_S)
+        return None
 
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
