@@ -62,17 +62,44 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 REPO = Path(__file__).resolve().parents[1]
 
 
-#: test files handed to the workers first: the GPU compile tests, the longest files of CI's
-#: newest stack (~90 s each of one worker's time, 2026-11-28; skipped at once on the floor
-#: stack), which pytest-xdist's ``--dist loadfile`` otherwise reaches last (``tools/`` sorts
-#: after ``parallel/``): one of them then ran alone at the end while the other worker idled
-FIRST = ("tests/tools/test_gpu_compile.py", "tests/tools/test_gpu_compile_layouts.py")
+#: the longest test files, longest first: one worker's seconds on CI's floor / newest stack
+#: (clean-clone ``.ci/run``, 2026-11-28). The workers take whole files (``--dist loadfile``) in
+#: this order, then the others in collection order (pyproject.toml passes
+#: ``--no-loadscope-reorder``, else pytest-xdist would order files by their count of tests):
+#: longest first, so that the last files to start are short and neither worker idles long at
+#: the end. An outdated entry costs only time.
+LONGEST = (
+    "tests/parallel/test_multiprocess.py",       # 178 / -
+    "tests/train/test_object_store.py",          # 148 / -
+    "tests/train/test_trainer.py",               # 135 / -
+    "tests/tools/test_gpu_compile_layouts.py",   # skipped / 109
+    "tests/parallel/test_zero.py",               # 105 / 57
+    "tests/parallel/test_remat.py",              # 103 / 101
+    "tests/tools/test_gpu_compile.py",           # skipped / 99
+    "tests/parallel/test_plans.py",              # 95 / 75
+    "tests/train/test_parallel_runs.py",         # 93 / -
+    "tests/parallel/test_communication.py",      # 89 / -
+    "tests/train/test_checkpoint.py",            # 83 / -
+    "tests/train/test_cli.py",                   # 79 / -
+    "tests/parallel/test_pipeline.py",           # 78 / -
+    "tests/train/test_step.py",                  # 71 / 28
+    "tests/test_quickstart.py",                  # 65 / 57
+    "tests/test_notebooks.py",                   # 54 / -
+    "tests/train/test_elastic.py",               # 45 / -
+    "tests/parallel/test_zero_dtypes.py",        # 25 / 42
+    "tests/test_gpu_settings.py",                # 41 / -
+    "tests/train/test_object_store_runs.py",     # 40 / -
+    "tests/bench/test_bench.py",                 # 37 / -
+    "tests/parallel/test_packing.py",            # 36 / -
+    "tests/models/test_math.py",                 # 32 / 33
+    "tests/analysis/test_perf_model.py",         # 30 / -
+)
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    """The files of :data:`FIRST` first, the others after them in collection order (a stable
-    sort: a file's tests stay together and in order)."""
-    rank = {path: i for i, path in enumerate(FIRST)}
+    """The files of :data:`LONGEST` first, in its order, the others after them in collection
+    order (a stable sort: a file's tests stay together and in order)."""
+    rank = {path: i for i, path in enumerate(LONGEST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 

@@ -78,3 +78,11 @@ def test_llvm_level_leaves_the_program_and_its_memory_unchanged():
         assert abs(suite[1][3] - default[1][3]) <= 1e-3 * default[1][3]
     else:
         assert suite == default
+
+
+def test_the_longest_files_listed_exist():
+    """conftest's ``LONGEST`` (the order the workers take the longest files in) names files
+    that exist: a renamed file would silently fall back to collection order."""
+    from tests.conftest import LONGEST, REPO
+
+    assert [p for p in LONGEST if not (REPO / p).is_file()] == []
