@@ -336,7 +336,7 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     # layer-loop residuals in a buffer of their own and copies them into the pipeline loop's
     # stacked residuals, both alive at the forward pass's end (the 13B TP4xPP2 row compiled
     # for A100s: 131.8 GiB, 3 passes' activations for M = 1). Not under FSDP, whose compiled
-    # program shows no such copy (the same row with FSDP over data=2: 54.5 GiB)
+    # program shows no such copy (the same row with FSDP over data=2: 50.9 GiB)
     group = layers // parallel.repeats
     copy = group > 1 and fsdp == 1
     passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1 + copy

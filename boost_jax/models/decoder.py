@@ -110,7 +110,8 @@ class Decoder(nnx.Module):
         return plan.embed(tokens, self.embed[...])
 
     def run_blocks(self, h: jax.Array, plan: Plan, layers=None,
-                   segments: Segments | None = None, hook: str = "apply"):
+                   segments: Segments | None = None, hook: str = "apply",
+                   repeat: jax.Array | None = None):
         """Apply stacked blocks to the residual ``h``: all of them, or the stacked parameter
         slice ``layers`` (a pipeline stage's ``[n, ...]`` share of ``nnx.split(blocks)[1]``).
         ``segments``: the packed rows' document layout, or ``None``.
@@ -118,7 +119,13 @@ class Decoder(nnx.Module):
         ``hook``: how each layer's parameters reach its block -- ``apply``: through
         ``plan.layer_params``; ``skip``: as given (already prepared); ``keep``: through
         ``plan.layer_params(..., keep=True)``, and the kept copies are returned stacked beside
-        ``h``, ``(h, kept)`` (a pipeline's first iteration, parallel/pipeline.py)."""
+        ``h``, ``(h, kept)`` (a pipeline's first iteration, parallel/pipeline.py).
+
+        ``repeat`` (a traced index; ``layers`` then ``[R, n, ...]``): run the ``n`` layers of
+        repeat ``repeat``, each layer's parameters sliced inside its checkpointed block, so that
+        the backward pass slices them again rather than keeping the slice -- a pipeline takes
+        a different repeat in every iteration, and a slice kept for the backward pass would be
+        a copy of the stage's parameters per iteration (parallel/pipeline.py)."""
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, h, cross):
@@ -127,13 +134,21 @@ class Decoder(nnx.Module):
 
         gathers = plan.layer_gathers
         cross = None
-        if layers is not None:
+        if repeat is not None:  # xs: the layer indices; the block slices its parameters
+            sliced, block_of = layers, block
+
+            def block(index, h, cross):
+                take = lambda w: w[repeat, index]  # noqa: E731
+                return block_of(jax.tree.map(take, sliced), h, cross)
+
+            stacked = jnp.arange(jax.tree.leaves(layers)[0].shape[1])
+        elif layers is not None:
             stacked = layers
         elif self.crosses:  # block 0 has no latent to cross: run it before the scan
             first = jax.tree.map(lambda x: x[0], stacked)
             h, cross = checkpointed(block, plan.remat, False, gathers)(first, h, None)
             stacked = jax.tree.map(lambda x: x[1:], stacked)
-        block = checkpointed(block, plan.remat, gathers=gathers)
+        block = checkpointed(block, plan.remat, gathers=gathers or repeat is not None)
 
         def body(carry, layer):
             kept = None

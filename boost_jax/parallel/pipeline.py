@@ -22,7 +22,12 @@ FSDP, one iteration's more: XLA builds an iteration's layer-loop residuals in a 
 own and copies them into this loop's stacked residuals (the paper's 13B TP4xPP2 row compiled
 for A100s holds three passes' activations at ``M = 1``: docs/BENCHMARKS.md, ``bench memory``).
 Unrolling this loop in Python removes that copy but keeps a stage-sized gradient buffer per
-iteration instead (measured, issue 45): not done.
+iteration instead (measured, issue 45): not done. The stage's parameters are never kept per
+iteration: GPipe uses its layers as they are; the circular schedule (repeat ``rep``'s layers)
+and FSDP (whose gathers would be hoisted out of the loop from loop-invariant layers) slice each
+layer inside its checkpointed block (``Decoder.run_blocks``' ``repeat``), so the backward pass
+slices it again (the 30B TP4xPP4 row with FSDP over data=2, compiled for A100s: 20.4 -> 9.3
+GiB per device; ``tests/parallel/test_pipeline.py``).
 
 Gradient reduction (GPipe at zero stages 0 and 1, no accumulation). Iteration 0 runs before
 the loop: it casts each layer through ``plan.layer_params(..., keep=True)`` and the loop's
@@ -103,6 +108,7 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
     if segments is not None:  # [M, mb, s] each
         segments = Segments(*(x.reshape(m_count, mb, s) for x in segments))
     _, blocks = nnx.split(model.blocks)
+    sliced = repeats > 1 or plan.layer_gathers  # run_blocks slices each layer (below)
     if repeats == 1 and plan.layer_gathers:
         blocks = jax.tree.map(lambda x: x[None], blocks)
     zeros = fresh * 0  # carries with the values' varying-axes type
@@ -116,15 +122,13 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
         mbatch, rep = g % m_count, g // m_count
         first_in = jnp.where(rep == 0, fresh[mbatch], waiting[mbatch])
         x = jnp.where(stage == 0, first_in, received)
-        # one repeat: the stage's layers as they are -- a slice taken in the loop would be
-        # kept for the backward pass once per iteration (a copy of the stage's parameters).
-        # Under FSDP the (sharded) slice stays: loop-invariant layers would let XLA hoist
-        # their gathers out of the loop and hold the whole stage gathered.
-        if repeats > 1 or plan.layer_gathers:
-            layers = jax.tree.map(lambda w: lax.dynamic_index_in_dim(w, rep, keepdims=False),
-                                  layers)
+        # GPipe: the stage's layers as they are. The circular schedule takes repeat `rep`'s
+        # layers, and FSDP too (`rep` = 0): a gather of loop-invariant parameters would be
+        # hoisted out of the loop, holding the whole stage gathered. Each layer is sliced
+        # inside its checkpointed block (run_blocks' `repeat`): a slice taken here would be
+        # kept for the backward pass once per iteration, a copy of the stage's parameters.
         seg = None if segments is None else Segments(*(x[mbatch] for x in segments))
-        y = model.run_blocks(x, plan, layers, seg, hook)
+        y = model.run_blocks(x, plan, layers, seg, hook, repeat=rep if sliced else None)
         y, kept = y if hook == "keep" else (y, None)
         done = (i - stage >= 0) & (stage == stages - 1) & (rep == repeats - 1)
         outputs = outputs.at[mbatch].set(jnp.where(done, y, outputs[mbatch]))
