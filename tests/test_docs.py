@@ -180,9 +180,10 @@ def test_every_benchmark_the_docs_name_exists():
     assert re.split(r"\s*\|\s*", listed.group(1)) == _benchmarks()
 
 
-# flags of other programs in the docs' commands: pip's, sbatch's, srun's, mkdocs's
+# flags of other programs in the docs' commands: pip's, sbatch's, srun's, mkdocs's,
+# pytest-xdist's
 OTHER_PROGRAMS_FLAGS = {"index-url", "no-deps", "target", "nodes", "signal", "kill-on-bad-exit",
-                        "strict",
+                        "strict", "no-loadscope-reorder",
                         # the LORO authors' run_c4.py, cited in the LORO section
                         "loro_lr_scaler", "loro_refresh", "lr_adjust_steps", "weight_decay"}
 ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile"}

@@ -141,13 +141,25 @@ GPU_COLUMNS = [("layout", "<74", "layout"), ("hosts x GPUs", ">13", "topology"),
                ("fits", ">6", lambda r: "yes" if r["fits"] else "NO")]
 
 
+def gpu_configs(rows: list[str], methods: list[str], dtype: str = "bfloat16",
+                microbatches: int | None = None) -> list[Config]:
+    """The configs of ``rows`` x ``methods`` (:func:`row_config`, cuDNN attention: what the
+    paper's GPU runs use, no seq x seq scores), in that order; a config two methods share (at
+    TP=1 ``vanilla`` and ``btp`` are both the unsharded low-rank model, plan ``none``) once."""
+    configs = []
+    for name in rows:
+        for method in methods:
+            row = row_config(name, dtype, method, "cudnn", microbatches)
+            configs += [] if row in configs else [row]
+    return configs
+
+
 def _run_gpu(config: Config) -> int:
     """The paper rows (``--memory_rows``, default :data:`GPU_ROWS`) x ``--methods`` compiled
-    for ``--target`` with cuDNN attention (what the paper's GPU runs use: no seq x seq
-    scores)."""
-    rows = [measure_gpu_row(row_config(name, config.train.dtype, method, "cudnn",
-                                       FLAGS.memory_microbatches), FLAGS.target)
-            for name in FLAGS.memory_rows or GPU_ROWS for method in FLAGS.methods]
+    for ``--target`` (:func:`gpu_configs`)."""
+    rows = [measure_gpu_row(row, FLAGS.target)
+            for row in gpu_configs(FLAGS.memory_rows or list(GPU_ROWS), FLAGS.methods,
+                                   config.train.dtype, FLAGS.memory_microbatches)]
     print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows,
                                                                               GPU_COLUMNS)))
     return 0

@@ -70,6 +70,18 @@ def test_bench_zero_layouts_json():
     assert rows[(0, 1)]["in_loop"] > 0.25 and rows[(3, 2)]["in_loop"] > 0.5
 
 
+def test_bench_memory_for_a_gpu_compiles_each_config_once():
+    """``bench memory --target``: the paper's rows x methods, a config two methods share (the
+    1B row at TP=1: ``vanilla`` and ``btp`` are both plan ``none``) compiled and printed once."""
+    from boost_jax.bench.memory import gpu_configs
+
+    configs = gpu_configs(["1b", "3b"], ["fullrank", "vanilla", "boost"])
+    assert [(c.model.size, c.model.arch, c.parallel.tp_plan) for c in configs] == [
+        ("1b", "dense", "none"), ("1b", "cola", "none"), ("3b", "dense", "fullrank"),
+        ("3b", "cola", "vanilla"), ("3b", "cola", "btp")]
+    assert {c.parallel.attention for c in configs} == {"cudnn"}
+
+
 def test_bench_memory_rows_are_the_paper_layouts_and_compile():
     """``bench memory``: each row is the paper's BOOST layout (with FSDP over data=2: twice the
     batch), and a row reports compiled and modelled memory per device (a tiny pipelined FSDP
