@@ -223,8 +223,25 @@ def predict(model: Model, parallel: Parallel, batch: int, seq_len: int, hw: Hard
         step_s=sum(breakdown.values()), breakdown=breakdown, model_flops=model_flops,
         hardware_flops=hardware_flops, hbm_bytes=hbm,
         comm_elements=comm.predict(model, parallel, batch, seq_len, dtype).steps,
-        memory=_memory(model, parallel, plan, local_params, tokens, seq_len, dtype,
-                       flash_attention))
+        memory=memory(model, parallel, batch, seq_len, dtype, flash_attention))
+
+
+def memory(model: Model, parallel: Parallel, batch: int, seq_len: int,
+           dtype: str = "bfloat16", flash_attention: bool = True,
+           in_flight: int | None = None) -> dict[str, float]:
+    """Bytes per device at the step's peak (:func:`predict`'s ``memory``: ``model_state``,
+    ``activations``, ``logits``). ``in_flight``: the pipeline microbatches whose activations
+    a stage holds at once, instead of this project's schedules' (every iteration's, ``R M + S
+    - 1``, and the layer loop's copy) -- ``min(M, S)`` is the non-interleaved 1F1B schedule's
+    first stage (Narayanan et al. 2021; Nanotron's ``pp_engine: 1f1b``, which BOOST's configs
+    use), a schedule this project does not build."""
+    p = parallel.tensor
+    plan = parallel.tp_plan if p > 1 else ("none" if model.arch == "dense" else "btp")
+    passes = parallel.microbatches * parallel.grad_accum
+    tokens = batch // parallel.data // passes * seq_len  # per microbatch
+    local_params = sum(comm.local_parameters(model, parallel))
+    return _memory(model, parallel, plan, local_params, tokens, seq_len, dtype, flash_attention,
+                   in_flight)
 
 
 def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Efficiency
@@ -286,7 +303,8 @@ def _widths(model: Model, plan: str, p: int, seq_len: int) -> dict[str, float]:
 
 
 def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, tokens: int,
-            seq_len: int, dtype: str, flash: bool) -> dict[str, float]:
+            seq_len: int, dtype: str, flash: bool, in_flight: int | None = None
+            ) -> dict[str, float]:
     """Bytes per device at the step's peak.
 
     ``model_state``: fp32 parameters (4 B), Adam's two moments (8 B, split over ``data`` by
@@ -340,7 +358,7 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     group = layers // parallel.repeats
     copy = group > 1 and fsdp == 1
     passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1 + copy
-              if parallel.pipe > 1 else 1)
+              if parallel.pipe > 1 else 1) if in_flight is None else in_flight
     activations = kept * group * tokens * passes + peak * tokens
     heads = parallel.microbatches / parallel.pipe if parallel.pipe > 1 else 1
     logits = LOGITS * tokens * heads * model.vocab_size / p * 4

@@ -29,8 +29,12 @@ def define_flags() -> None:
                         "gpu_compile extra) instead of simulated CPU devices")
     flags.DEFINE_list("methods", ["fullrank", "vanilla", "boost"], "memory --target: the "
                       "paper's methods to compile each row for")
-    flags.DEFINE_integer("memory_microbatches", None, "memory: the pipelined rows with this "
-                         "many pipeline microbatches instead of the paper's")
+    flags.DEFINE_list("memory_microbatches", [], "memory: the pipelined rows with this many "
+                      "pipeline microbatches instead of the paper's (with --target, a list: "
+                      "each)")
+    flags.DEFINE_list("schedules", [], "memory --target: the pipelined rows under each of "
+                      "these pipeline schedules, gpipe or circular:R (R repeats), with each "
+                      "one's bubble and what 1F1B would hold by the performance model")
     flags.DEFINE_integer("steps", 5, "timed steps per configuration (after one warm-up step)")
     flags.DEFINE_string("out", "bench_out", "step: where bench.json and the figures go; data "
                         "--prepare_mb: where the corpus and the prepared dataset go")

@@ -118,19 +118,27 @@ def measure_gpu_row(config: Config, target: str) -> dict:
     ``target`` GPUs (tools/gpu_compile.py, no GPU needed), beside the performance model's and
     the GPU's capacity."""
     from boost_jax.analysis import gpu_program
+    from boost_jax.analysis.perf_model import memory
     from boost_jax.tools.gpu_compile import compile_for_gpu, model_memory
 
-    m, par = config.model, config.parallel
+    m, par, t = config.model, config.parallel, config.train
     topo = topology(config, target)
     built = compile_for_gpu(config, target, topo)
     mem = gpu_program.memory(built.compiled, built.target.memory_bytes)
     model = model_memory(config, built.model)
+    schedule = (f"{par.pipeline_schedule}:{par.repeats}" if par.repeats > 1
+                else par.pipeline_schedule if par.pipe > 1 else "-")
+    stages, iterations = par.pipe, par.repeats * par.microbatches + par.pipe - 1
+    one_f_one_b = memory(m, par, t.batch_size, t.seq_len, t.dtype,
+                         in_flight=min(par.microbatches, stages) if stages > 1 else None)
     return {"layout": f"{m.size} {m.arch} {par.tp_plan} data={par.data} pipe={par.pipe} "
                       f"tensor={par.tensor} zero={par.zero} micro={par.microbatches} "
                       f"accum={par.grad_accum} remat={par.remat}",
             "topology": topo, "compiled_gib": mem["total"] / GIB, "temp_gib": mem["temp"] / GIB,
             "model_gib": model["total"] / GIB, "capacity_gib": mem["capacity"] / GIB,
-            "fits": mem["fits"], "model": {k: v / GIB for k, v in model.items()}}
+            "fits": mem["fits"], "model": {k: v / GIB for k, v in model.items()},
+            "schedule": schedule, "bubble": (stages - 1) / iterations,
+            "model_1f1b_gib": sum(one_f_one_b.values()) / GIB}
 
 
 GPU_COLUMNS = [("layout", "<74", "layout"), ("hosts x GPUs", ">13", "topology"),
@@ -139,29 +147,53 @@ GPU_COLUMNS = [("layout", "<74", "layout"), ("hosts x GPUs", ">13", "topology"),
                ("model/compiled", ">15.2f", lambda r: r["model_gib"] / r["compiled_gib"]),
                ("of GiB", ">8.1f", "capacity_gib"),
                ("fits", ">6", lambda r: "yes" if r["fits"] else "NO")]
+#: ``--schedules``: the pipeline schedule, its bubble (idle share of the iterations) and what
+#: the model says 1F1B would hold at the same microbatches (analysis/perf_model.py ``memory``)
+SCHEDULE_COLUMNS = [GPU_COLUMNS[0], ("schedule", ">11", "schedule"),
+                    ("bubble", ">7.2f", "bubble"), *GPU_COLUMNS[2:5],
+                    ("1F1B model GiB", ">15.1f", "model_1f1b_gib"), *GPU_COLUMNS[6:]]
 
 
 def gpu_configs(rows: list[str], methods: list[str], dtype: str = "bfloat16",
-                microbatches: int | None = None) -> list[Config]:
-    """The configs of ``rows`` x ``methods`` (:func:`row_config`, cuDNN attention: what the
-    paper's GPU runs use, no seq x seq scores), in that order; a config two methods share (at
-    TP=1 ``vanilla`` and ``btp`` are both the unsharded low-rank model, plan ``none``) once."""
-    configs = []
+                microbatches: list[int | None] = (None,), schedules: list[str] = ("",)
+                ) -> tuple[list[Config], list[str]]:
+    """The configs of ``rows`` x ``methods`` x ``microbatches`` x ``schedules``
+    (:func:`row_config`, cuDNN attention: what the paper's GPU runs use, no seq x seq scores),
+    in that order, and why each combination ``Config`` rejects was left out. A config two
+    methods share (at TP=1 ``vanilla`` and ``btp`` are both the unsharded low-rank model, plan
+    ``none``) comes once. A schedule (pipelined rows only): ``gpipe`` or ``circular:R`` (``R``
+    repeats); ``""`` the row's own."""
+    configs, skipped = [], []
     for name in rows:
         for method in methods:
-            row = row_config(name, dtype, method, "cudnn", microbatches)
-            configs += [] if row in configs else [row]
-    return configs
+            for m in microbatches:
+                for schedule in schedules:
+                    row = row_config(name, dtype, method, "cudnn", m)
+                    if schedule and row.parallel.pipe > 1:
+                        kind, _, repeats = schedule.partition(":")
+                        try:
+                            row = dataclasses.replace(row, parallel=dataclasses.replace(
+                                row.parallel, pipeline_schedule=kind,
+                                pipeline_repeats=int(repeats or 1)))
+                        except ConfigError as err:
+                            skipped.append(f"{name} {method} micro={m} {schedule}: {err}")
+                            continue
+                    configs += [] if row in configs else [row]
+    return configs, skipped
 
 
 def _run_gpu(config: Config) -> int:
-    """The paper rows (``--memory_rows``, default :data:`GPU_ROWS`) x ``--methods`` compiled
-    for ``--target`` (:func:`gpu_configs`)."""
-    rows = [measure_gpu_row(row, FLAGS.target)
-            for row in gpu_configs(FLAGS.memory_rows or list(GPU_ROWS), FLAGS.methods,
-                                   config.train.dtype, FLAGS.memory_microbatches)]
-    print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows,
-                                                                              GPU_COLUMNS)))
+    """The paper rows (``--memory_rows``, default :data:`GPU_ROWS`) x ``--methods`` (x
+    ``--memory_microbatches`` x ``--schedules``) compiled for ``--target``
+    (:func:`gpu_configs`)."""
+    micro = [int(m) for m in FLAGS.memory_microbatches] or [None]
+    configs, skipped = gpu_configs(FLAGS.memory_rows or list(GPU_ROWS), FLAGS.methods,
+                                   config.train.dtype, micro, FLAGS.schedules or [""])
+    rows = [measure_gpu_row(row, FLAGS.target) for row in configs]
+    columns = SCHEDULE_COLUMNS if FLAGS.schedules else GPU_COLUMNS
+    print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows, columns)))
+    for why in skipped:
+        print(f"not compiled: {why}")
     return 0
 
 
@@ -171,7 +203,10 @@ def _run(config: Config) -> int:
     devices = jax.devices()
     rows = []
     for name in FLAGS.memory_rows or CPU_ROWS:
-        row = row_config(name, config.train.dtype, microbatches=FLAGS.memory_microbatches)
+        micro = [int(m) for m in FLAGS.memory_microbatches]
+        if len(micro) > 1:
+            raise ConfigError("--memory_microbatches: one value without --target")
+        row = row_config(name, config.train.dtype, microbatches=(micro or [None])[0])
         if row.parallel.num_devices > len(devices):
             raise ConfigError(f"memory row {name!r} needs {row.parallel.num_devices} devices, "
                               f"{len(devices)} are visible")

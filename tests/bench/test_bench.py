@@ -75,11 +75,34 @@ def test_bench_memory_for_a_gpu_compiles_each_config_once():
     1B row at TP=1: ``vanilla`` and ``btp`` are both plan ``none``) compiled and printed once."""
     from boost_jax.bench.memory import gpu_configs
 
-    configs = gpu_configs(["1b", "3b"], ["fullrank", "vanilla", "boost"])
+    configs, skipped = gpu_configs(["1b", "3b"], ["fullrank", "vanilla", "boost"])
     assert [(c.model.size, c.model.arch, c.parallel.tp_plan) for c in configs] == [
         ("1b", "dense", "none"), ("1b", "cola", "none"), ("3b", "dense", "fullrank"),
         ("3b", "cola", "vanilla"), ("3b", "cola", "btp")]
-    assert {c.parallel.attention for c in configs} == {"cudnn"}
+    assert {c.parallel.attention for c in configs} == {"cudnn"} and skipped == []
+
+
+def test_bench_memory_schedules_and_what_1f1b_would_hold():
+    """``bench memory --target --schedules``: the pipelined rows under each schedule and
+    microbatch count (a combination ``Config`` rejects is named, not compiled; a row without a
+    pipeline once); the model's 1F1B figure holds ``min(M, S)`` microbatches' activations where
+    GPipe holds ``M + S - 1`` and the layer loop's copy."""
+    from boost_jax.analysis.perf_model import memory
+    from boost_jax.bench.memory import gpu_configs
+
+    configs, skipped = gpu_configs(["13b", "7b"], ["boost"], microbatches=[1, 2],
+                                   schedules=["gpipe", "circular:2"])
+    assert [(c.model.size, c.parallel.microbatches, c.parallel.pipeline_schedule,
+             c.parallel.repeats) for c in configs] == [
+        ("13b", 1, "gpipe", 1), ("13b", 2, "gpipe", 1), ("13b", 2, "circular", 2),
+        ("7b", 1, "gpipe", 1)]
+    assert len(skipped) == 1 and skipped[0].startswith("13b boost micro=1 circular:2")
+    c = configs[0]  # 13B TP4xPP2, M = 1: GPipe holds 1 + 2 - 1 + 1 (the copy) passes, 1F1B 1
+    m, p, t = c.model, c.parallel, c.train
+    gpipe = memory(m, p, t.batch_size, t.seq_len)
+    one = memory(m, p, t.batch_size, t.seq_len, in_flight=1)
+    assert gpipe["model_state"] == one["model_state"] and gpipe["logits"] == one["logits"]
+    assert gpipe["activations"] > 2.9 * one["activations"]
 
 
 def test_bench_memory_rows_are_the_paper_layouts_and_compile():
