@@ -73,7 +73,7 @@ LONGEST = (
     "tests/train/test_object_store.py",          # 148 / -
     "tests/train/test_trainer.py",               # 135 / -
     "tests/tools/test_gpu_compile_layouts.py",   # skipped / 109
-    "tests/bench/test_memory_gpu.py",            # skipped / ~110
+    "tests/analysis/test_plan_verify_gpu.py",    # skipped / 62
     "tests/parallel/test_zero.py",               # 105 / 57
     "tests/parallel/test_remat.py",              # 103 / 101
     "tests/tools/test_gpu_compile.py",           # skipped / 99

@@ -11,16 +11,19 @@ microbatches and schedule, gradient accumulation, ZeRO stage) is predicted by th
 model, those above ``--memory_fraction`` of the profile's device memory are dropped and the
 rest ranked by step time (boost_jax/analysis/planner.py); nothing is compiled.
 ``--emit_gin=FILE`` writes the winner as gin bindings ``python -m boost_jax.train
---gin_file=FILE`` runs as is. ``--verify`` compiles the ``--verify_top`` best layouts of a
-small-shape version of the problem on simulated CPU devices and compares the model's memory
-and communication with the compiled step (boost_jax/analysis/plan_verify.py); exit code 1 when
-they disagree.
+--gin_file=FILE`` runs as is. ``--verify`` compiles the ``--verify_top`` best layouts and
+compares the model's memory and communication with the compiled step
+(boost_jax/analysis/plan_verify.py): at full shape, by XLA's GPU compiler for the profile's
+GPUs, where the ``gpu_compile`` extra is installed (no GPU needed; memory within 10 %); else a
+small-shape version of the problem on simulated CPU devices (within 15 %), saying why. Exit
+code 1 when they disagree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from absl import flags
@@ -51,8 +54,10 @@ def define_flags() -> None:
     flags.DEFINE_integer("top", 10, "layouts printed")
     flags.DEFINE_bool("json", False, "print JSON instead of a table")
     flags.DEFINE_string("emit_gin", None, "write the best layout as a gin file")
-    flags.DEFINE_bool("verify", False, "compile the best layouts of a small-shape version on "
-                      "simulated CPU devices and check the model's memory and communication")
+    flags.DEFINE_bool("verify", False, "compile the best layouts and check the model's memory "
+                      "and communication: for the profile's GPUs at full shape where the "
+                      "gpu_compile extra is installed, else at small shapes on simulated CPU "
+                      "devices")
     flags.DEFINE_integer("verify_top", 3, "layouts --verify compiles")
 
 
@@ -113,11 +118,22 @@ def _run(model, train) -> int:
         raise ConfigError(f"no layout of {problem.gpus} GPUs fits: {reason}")
     checks = None
     if FLAGS.verify:
-        from boost_jax.analysis.plan_verify import verify
-        from boost_jax.parallel.mesh import request_host_devices
+        from boost_jax.analysis import plan_verify
 
-        request_host_devices(max(problem.gpus, 1))  # no effect once JAX's backends are up
-        checks = verify(problem, FLAGS.verify_top)
+        why = plan_verify.gpu_target_missing(FLAGS.hardware)
+        if why is None:  # the layouts themselves, compiled for the profile's GPUs
+            import jax
+
+            # before any backend starts: the CUDA plugin compiles for mock GPUs (no GPU here)
+            jax.config.update("jax_platforms", "cpu")
+            checks = plan_verify.verify_on_gpu(problem, FLAGS.verify_top,
+                                               plan_verify.GPU_TARGETS[FLAGS.hardware])
+        else:
+            from boost_jax.parallel.mesh import request_host_devices
+
+            print(f"verify: small shapes on simulated CPU devices ({why})", file=sys.stderr)
+            request_host_devices(max(problem.gpus, 1))  # no effect once JAX's backends are up
+            checks = plan_verify.verify(problem, FLAGS.verify_top)
     if FLAGS.emit_gin:
         try:
             Path(FLAGS.emit_gin).write_text(emit_gin(result.layouts[0], problem))
