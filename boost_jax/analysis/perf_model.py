@@ -333,7 +333,10 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
         state += _layer_parameters(model, parallel) * (8 + (2 if act == 2 else 0))
         state += comm.local_parameters(model, parallel)[1] * (act + 4)
     w = _widths(model, plan, p, seq_len)
-    counts = dict(KEPT_FSDP if fsdp > 1 and parallel.remat == "none" else KEPT)
+    # FSDP's blocks, and those that slice their layer from the stage's in every pipeline
+    # iteration (circular), are always checkpointed (parallel/remat.py)
+    sliced = fsdp > 1 or parallel.repeats > 1
+    counts = dict(KEPT_FSDP if sliced and parallel.remat == "none" else KEPT)
     if plan == "btp" and p > 1:
         counts["latent"] += REDUCED
     elif plan == "fullrank" and p > 1:  # o's and down's partial sums and their all-reduce
@@ -354,9 +357,10 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     # layer-loop residuals in a buffer of their own and copies them into the pipeline loop's
     # stacked residuals, both alive at the forward pass's end (the 13B TP4xPP2 row compiled
     # for A100s: 131.8 GiB, 3 passes' activations for M = 1). Not under FSDP, whose compiled
-    # program shows no such copy (the same row with FSDP over data=2: 50.9 GiB)
+    # program shows no such copy (the same row with FSDP over data=2: 50.9 GiB), nor that of
+    # the circular schedule, whose layer loop runs over layer indices (parallel/pipeline.py)
     group = layers // parallel.repeats
-    copy = group > 1 and fsdp == 1
+    copy = group > 1 and not sliced
     passes = (parallel.repeats * parallel.microbatches + parallel.pipe - 1 + copy
               if parallel.pipe > 1 else 1) if in_flight is None else in_flight
     activations = kept * group * tokens * passes + peak * tokens

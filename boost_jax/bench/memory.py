@@ -129,7 +129,9 @@ def measure_gpu_row(config: Config, target: str) -> dict:
     schedule = (f"{par.pipeline_schedule}:{par.repeats}" if par.repeats > 1
                 else par.pipeline_schedule if par.pipe > 1 else "-")
     stages, iterations = par.pipe, par.repeats * par.microbatches + par.pipe - 1
-    one_f_one_b = memory(m, par, t.batch_size, t.seq_len, t.dtype,
+    # 1F1B (not interleaved): each stage runs all its layers per microbatch, as GPipe does
+    gpipe = dataclasses.replace(par, pipeline_schedule="gpipe", pipeline_repeats=1)
+    one_f_one_b = memory(m, gpipe, t.batch_size, t.seq_len, t.dtype,
                          in_flight=min(par.microbatches, stages) if stages > 1 else None)
     return {"layout": f"{m.size} {m.arch} {par.tp_plan} data={par.data} pipe={par.pipe} "
                       f"tensor={par.tensor} zero={par.zero} micro={par.microbatches} "

@@ -27,6 +27,10 @@ Under FSDP (``Parallel.zero=3``) a block starts by all-gathering its parameters 
 whole parameters at once. So the block is always checkpointed: ``none`` becomes "keep every
 matmul output and every tagged activation, recompute the elementwise rest and gather the
 parameters again"; the other policies keep what they keep anyway, which never includes them.
+The same holds for a block that slices its parameters out of a pipeline stage's in every
+pipeline iteration (the circular schedule, and FSDP under a pipeline: ``Decoder.run_blocks``'
+``repeat``): a kept slice, or any value made from it, is a copy of the layer's parameters per
+iteration, so such a block is checkpointed in the same way (``gathers``).
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ def checkpointed(fn: Callable, remat: str, in_loop: bool = True, gathers: bool =
 
     ``in_loop``: ``fn`` is a ``lax.scan`` body, where common-subexpression elimination cannot
     merge the recomputation into the forward pass, so ``prevent_cse`` may stay off.
-    ``gathers``: ``fn`` all-gathers its parameters (FSDP; see the module docstring).
+    ``gathers``: ``fn`` all-gathers its parameters (FSDP), or slices them out of a pipeline
+    stage's in every iteration (see the module docstring).
     """
     if remat == "none" and not gathers:
         return fn
