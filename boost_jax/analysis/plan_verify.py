@@ -71,10 +71,16 @@ def check_layout(problem: Problem, layout: Layout, devices) -> dict:
                     Data())
     model, _, compiled = compile_step(config, devices[:par.num_devices])
     report = build_report(config, compiled=compiled, mesh=model.mesh)
-    measured = compiled_memory(compiled)
+    return _compared(layout, compiled_memory(compiled), report, TOLERANCE)
+
+
+def _compared(layout: Layout, measured: float, report: dict, tolerance: float) -> dict:
+    """``layout``'s predicted memory against the ``measured`` peak (bytes) and its
+    communication against the compiled program's (``report``: comm_report's), flagged beyond
+    ``tolerance`` / at any difference (JSON-able)."""
     error = layout.memory / measured - 1
     flags = list(report["check"])
-    if abs(error) > TOLERANCE:
+    if abs(error) > tolerance:
         flags.insert(0, f"memory: predicted {layout.memory / MIB:.1f} MiB, compiled "
                         f"{measured / MIB:.1f} MiB ({100 * error:+.0f}%)")
     return {"layout": layout.describe(), "predicted_memory_mib": layout.memory / MIB,
@@ -130,16 +136,7 @@ def check_layout_on_gpu(problem: Problem, layout: Layout, target: str) -> dict:
     built = compile_for_gpu(config, target, topology)
     report = gpu_report(config, target, topology, compiled=built)
     measured = gpu_program.memory(built.compiled, built.target.memory_bytes)["total"]
-    error = layout.memory / measured - 1
-    flags = list(report["check"])
-    if abs(error) > GPU_TOLERANCE:
-        flags.insert(0, f"memory: predicted {layout.memory / MIB:.1f} MiB, compiled "
-                        f"{measured / MIB:.1f} MiB ({100 * error:+.0f}%)")
-    return {"layout": layout.describe(), "predicted_memory_mib": layout.memory / MIB,
-            "compiled_memory_mib": measured / MIB, "memory_error": error,
-            "budget_mib": layout.budget / MIB, "topology": topology,
-            "predicted_comm": report["predicted"]["steps"],
-            "compiled_comm": report["measured"]["steps"], "flags": flags}
+    return dict(_compared(layout, measured, report, GPU_TOLERANCE), topology=topology)
 
 
 def verify_on_gpu(problem: Problem, top: int, target: str) -> list[dict]:
