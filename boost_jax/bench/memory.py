@@ -171,7 +171,7 @@ def gpu_configs(rows: list[str], methods: list[str], dtype: str = "bfloat16",
             for m in microbatches:
                 for schedule in schedules:
                     row = row_config(name, dtype, method, "cudnn", m)
-                    if schedule and row.parallel.pipe > 1:
+                    if schedule and row.parallel.pipe > 1:  # parse_lists' spelling
                         kind, _, repeats = schedule.partition(":")
                         try:
                             row = dataclasses.replace(row, parallel=dataclasses.replace(
@@ -184,13 +184,33 @@ def gpu_configs(rows: list[str], methods: list[str], dtype: str = "bfloat16",
     return configs, skipped
 
 
+def parse_lists(microbatches: list[str], schedules: list[str]
+                ) -> tuple[list[int | None], list[str]]:
+    """``--memory_microbatches`` and ``--schedules`` checked (:class:`ConfigError` naming the
+    bad value): positive integers; ``gpipe`` or ``circular:R`` with ``R`` a positive integer.
+    Empty lists mean the rows' own (``[None]``, ``[""]``)."""
+    def positive(text: str, flag: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(f"--{flag}: {text!r} is not a positive integer")
+        return int(text)
+
+    for schedule in schedules:
+        kind, colon, repeats = schedule.partition(":")
+        if kind not in ("gpipe", "circular") or (kind == "gpipe") == bool(colon):
+            raise ConfigError(f"--schedules: {schedule!r} is not gpipe or circular:R")
+        if colon:
+            positive(repeats, "schedules")
+    return ([positive(m, "memory_microbatches") for m in microbatches] or [None],
+            list(schedules) or [""])
+
+
 def _run_gpu(config: Config) -> int:
     """The paper rows (``--memory_rows``, default :data:`GPU_ROWS`) x ``--methods`` (x
     ``--memory_microbatches`` x ``--schedules``) compiled for ``--target``
     (:func:`gpu_configs`)."""
-    micro = [int(m) for m in FLAGS.memory_microbatches] or [None]
+    micro, schedules = parse_lists(FLAGS.memory_microbatches, FLAGS.schedules)
     configs, skipped = gpu_configs(FLAGS.memory_rows or list(GPU_ROWS), FLAGS.methods,
-                                   config.train.dtype, micro, FLAGS.schedules or [""])
+                                   config.train.dtype, micro, schedules)
     rows = [measure_gpu_row(row, FLAGS.target) for row in configs]
     columns = SCHEDULE_COLUMNS if FLAGS.schedules else GPU_COLUMNS
     print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows, columns)))
@@ -205,10 +225,10 @@ def _run(config: Config) -> int:
     devices = jax.devices()
     rows = []
     for name in FLAGS.memory_rows or CPU_ROWS:
-        micro = [int(m) for m in FLAGS.memory_microbatches]
+        micro, _ = parse_lists(FLAGS.memory_microbatches, [])
         if len(micro) > 1:
             raise ConfigError("--memory_microbatches: one value without --target")
-        row = row_config(name, config.train.dtype, microbatches=(micro or [None])[0])
+        row = row_config(name, config.train.dtype, microbatches=micro[0])
         if row.parallel.num_devices > len(devices):
             raise ConfigError(f"memory row {name!r} needs {row.parallel.num_devices} devices, "
                               f"{len(devices)} are visible")

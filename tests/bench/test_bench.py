@@ -105,6 +105,23 @@ def test_bench_memory_schedules_and_what_1f1b_would_hold():
     assert gpipe["activations"] > 2.9 * one["activations"]
 
 
+def test_bench_memory_refuses_a_bad_schedule_or_microbatch_count():
+    """``--schedules`` / ``--memory_microbatches``: a bad value is one ConfigError naming it
+    (the command's one line, exit 2), before anything compiles."""
+    from boost_jax.bench.memory import parse_lists
+
+    assert parse_lists([], []) == ([None], [""])
+    assert parse_lists(["1", "4"], ["gpipe", "circular:2"]) == ([1, 4], ["gpipe", "circular:2"])
+    for micro, schedules, needle in [(["x"], [], "'x' is not a positive integer"),
+                                     (["0"], [], "'0' is not a positive"),
+                                     ([], ["1f1b"], "'1f1b' is not gpipe or circular:R"),
+                                     ([], ["circular"], "is not gpipe or circular:R"),
+                                     ([], ["gpipe:2"], "is not gpipe or circular:R"),
+                                     ([], ["circular:x"], "'x' is not a positive")]:
+        with pytest.raises(ConfigError, match=needle):
+            parse_lists(micro, schedules)
+
+
 def test_bench_memory_rows_are_the_paper_layouts_and_compile():
     """``bench memory``: each row is the paper's BOOST layout (with FSDP over data=2: twice the
     batch), and a row reports compiled and modelled memory per device (a tiny pipelined FSDP
