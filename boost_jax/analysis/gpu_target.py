@@ -112,6 +112,12 @@ def parse_topology(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def topology(devices: int, gpus_per_node: int) -> str:
+    """``"HOSTSxGPUS"`` of ``devices`` GPUs filling nodes of ``gpus_per_node`` (inverse of
+    :func:`parse_topology`)."""
+    return f"{-(-devices // gpus_per_node)}x{min(devices, gpus_per_node)}"
+
+
 def gpu_devices(target: Target, hosts: int, gpus_per_host: int) -> list:
     """The mock devices of ``hosts`` x ``gpus_per_host`` GPUs of ``target`` (host-major, as a
     cluster's processes number them), for a mesh that ``jit(...).lower(...).compile()``

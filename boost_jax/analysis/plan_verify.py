@@ -124,15 +124,14 @@ def check_layout_on_gpu(problem: Problem, layout: Layout, target: str) -> dict:
     nodes; cuDNN attention) and compare (JSON-able; as :func:`check_layout`)."""
     import dataclasses
 
-    from boost_jax.analysis import gpu_program
+    from boost_jax.analysis import gpu_program, gpu_target
     from boost_jax.tools.gpu_compile import compile_for_gpu, gpu_report
 
     par = dataclasses.replace(layout.parallel, attention="cudnn")
     config = Config(problem.model, par, Train(batch_size=problem.batch,
                                               seq_len=problem.seq_len, dtype=problem.dtype),
                     Data())
-    per_node = min(problem.gpus_per_node, par.num_devices)
-    topology = f"{-(-par.num_devices // per_node)}x{per_node}"
+    topology = gpu_target.topology(par.num_devices, problem.gpus_per_node)
     built = compile_for_gpu(config, target, topology)
     report = gpu_report(config, target, topology, compiled=built)
     measured = gpu_program.memory(built.compiled, built.target.memory_bytes)["total"]

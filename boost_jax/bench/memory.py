@@ -28,6 +28,7 @@ import json
 
 from absl import flags
 
+from boost_jax.analysis.plan_verify import GPU_TARGETS
 from boost_jax.bench.measure import format_rows, run_benchmark
 from boost_jax.cli import user_error
 from boost_jax.config import Config, ConfigError, Data, Train
@@ -44,8 +45,8 @@ ROWS = {"1b": ("1B TP1", 1, 0), "3b": ("3B TP2", 1, 0), "7b": ("7B TP4", 1, 0),
 CPU_ROWS = ("13b", "13b_fsdp", "30b", "30b_fsdp")
 GPU_ROWS = ("1b", "3b", "7b", "13b", "30b")
 #: --target -> the hardware profile whose GPUs per node make the topology (the paper's A100s
-#: are 4 per node: analysis/hardware.py)
-TARGET_PROFILES = {"a100_sxm_80": "a100_80gb_4gpu", "h100_sxm": "h100_sxm", "h200": "h200"}
+#: are 4 per node: analysis/hardware.py): plan --verify's map, inverted
+TARGET_PROFILES = {target: profile for profile, target in GPU_TARGETS.items()}
 SEQ_LEN = 4096  # the paper's sequence length (analysis/paper.py)
 GIB = 2**30
 
@@ -104,13 +105,14 @@ COLUMNS = [("layout", "<56", "layout"), ("devices", ">8", "devices"),
 
 def topology(config: Config, target: str) -> str:
     """``HOSTSxGPUS`` of ``config``'s mesh on ``target``'s nodes (:data:`TARGET_PROFILES`)."""
+    from boost_jax.analysis import gpu_target
     from boost_jax.analysis.hardware import PROFILES
 
     if target not in TARGET_PROFILES:
         raise ConfigError(f"--target={target!r}: bench memory compiles for "
                           f"{', '.join(TARGET_PROFILES)}")
-    n, per_node = config.parallel.num_devices, PROFILES[TARGET_PROFILES[target]].gpus_per_node
-    return f"{-(-n // per_node)}x{min(n, per_node)}"
+    return gpu_target.topology(config.parallel.num_devices,
+                               PROFILES[TARGET_PROFILES[target]].gpus_per_node)
 
 
 def measure_gpu_row(config: Config, target: str) -> dict:
