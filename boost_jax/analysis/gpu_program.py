@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import re
 import zlib
 
-from boost_jax.analysis.hlo import OPS, computations
+from boost_jax.analysis.hlo import OPS, _arrays, _tuple_elements, computations
 
 #: instructions that compute nothing (layout, tuples, parameters, control): not counted as
 #: compute scheduled under a collective
@@ -34,6 +35,9 @@ _ESCAPE = re.compile(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{2}|.)", re.S)
 _SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b'"': b'"', b"'": b"'", b"\\": b"\\"}
 _PTX_ENTRY = re.compile(rb"\.entry\s+(\w+)")
 _PTX_TARGET = re.compile(rb"\.target\s+(sm_\w+)")
+_TRIPS_ATTR = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+#: bytes per element of the dtypes a program's activations hold
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +136,35 @@ def fusions(hlo: str) -> int:
     """Fusion instructions of the program (each one GPU kernel or library call)."""
     comps, _ = computations(hlo)
     return sum(ins.op == "fusion" for instrs in comps.values() for ins in instrs)
+
+
+def layer_loop_residuals(hlo: str, seq_len: int) -> list[dict]:
+    """What each loop of a compiled program stacks per iteration for the backward pass: for
+    every ``while`` with a known trip count ``n``, the elements of its result whose leading
+    dimension is ``n`` and which have a ``seq_len`` dimension (a layer loop's stacked
+    activations; weights and gradients have none), counted by dtype and per-token width (the
+    product of the dimensions after the sequence's): ``{"loop", "trips", "kept": {"bf16[5120]":
+    3, ...}, "bytes_per_token": ...}`` (the kept tensors' bytes per token: a layer's, in a
+    layer loop). How the performance model's per-layer counts were read
+    (analysis/perf_model.py ``KEPT``)."""
+    comps, _ = computations(hlo)
+    out = []
+    for instrs in comps.values():
+        for ins in instrs:
+            if ins.op != "while" or (trips := _TRIPS_ATTR.search(ins.attrs)) is None:
+                continue
+            n, kept, size = int(trips.group(1)), collections.Counter(), 0
+            for element in _tuple_elements(ins.type):
+                for dtype, dims in _arrays(element):
+                    if not dims or dims[0] != n or seq_len not in dims[1:]:
+                        continue
+                    width = math.prod(dims[dims.index(seq_len, 1) + 1:])
+                    kept[f"{dtype}[{width}]"] += 1
+                    size += width * _BYTES.get(dtype, 4)
+            if kept:
+                out.append({"loop": ins.name, "trips": n, "kept": dict(sorted(kept.items())),
+                            "bytes_per_token": size})
+    return out
 
 
 def memory(compiled, capacity_bytes: int) -> dict:

@@ -268,24 +268,35 @@ def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Effi
 
 
 #: activation tensors kept per layer for the backward pass with ``remat='none'``, per width
-#: class (global counts, read once off compiled steps' buffers): the residual-stream-wide ones
-#: (block inputs, norm outputs, attention output, projection outputs), the low-rank latents
-#: (pre- and post-activation), the ``d_ff``-wide ones (gate, up, activation, product) and the
-#: q/k/v-wide ones (before and after RoPE)
-KEPT = {"residual": 6, "latent": 2, "ff": 4, "qkv": 2}
-#: where a plan all-reduces inside the block, two more of that width: the partial sum and the
-#: all-reduced value (``btp``: the latents; ``fullrank``: o's and down's residual-wide outputs)
-REDUCED = 2
-#: under FSDP the blocks are checkpointed keeping the matmul outputs only (parallel/remat.py):
-#: per class what stays of :data:`KEPT`
-KEPT_FSDP = {"residual": 4, "latent": 1, "ff": 2, "qkv": 1}
-#: fp32 ``seq``-wide attention tensors per head kept by XLA's (non-flash) attention: the scores
-#: and their softmax
+#: class, in the compute dtype (global counts, read off the layer loops of XLA:GPU's programs
+#: of the paper's 1B and 3B rows at 4 layers, compiled for A100s, where the classes' widths
+#: differ; ``python -m boost_jax.bench memory --target=a100_sxm_80``): the residual-stream-wide
+#: ones (block input, the two norms' outputs), the low-rank latents (pre- and post-activation
+#: and the fused q/k/v and gate/up latents once more: 21-23 rank-wide columns of CoLA per
+#: layer against the class's 7, i.e. 3 of the class width), the ``d_ff``-wide ones (a
+#: low-rank MLP's gate and up outputs and their product), the q/k/v-wide ones (after RoPE) and
+#: the attention output. Where each constant was read and on which compiled programs it was
+#: checked without being fitted to them: docs/BENCHMARKS.md, "The memory model".
+KEPT = {"residual": 3, "latent": 3, "ff": 3, "qkv": 1, "attention": 1}
+KEPT_FF_DENSE = 5  # a dense (full-rank) MLP's ``d_ff``-wide tensors, instead
+#: fp32 residual-width tensors each layer keeps besides: each of its two RMSNorms' fp32 input
+#: and normalised value (models/norms.py computes in fp32)
+NORMS_FP32 = 4
+#: under FSDP (and the circular schedule) the blocks are checkpointed keeping the matmul
+#: outputs only (parallel/remat.py): per class what stays of :data:`KEPT` (read off the
+#: compiled 1B FSDP step for 8 H100s at 4 layers), no fp32 norm copies
+KEPT_FSDP = {"residual": 3, "latent": 1, "ff": 2, "qkv": 1, "attention": 0}
+#: fp32 ``seq``-wide tensors per head kept by XLA's (non-flash) attention: scores, softmax
 SCORES = 2
-#: fp32 ``[tokens, vocab/p]`` arrays alive at the loss: the logits, their softmax and gradient
-LOGITS = 3
-#: share of one layer's activations alive at once while a remat policy rebuilds it
-REBUILT = 0.3
+#: fp32 ``[tokens, vocab/p]`` arrays alive at the loss: the logits and their gradient
+#: (XLA:GPU's program of the 3B FSDP step: two ``f32[4096, 32000]``)
+LOGITS = 2
+#: under ``btp`` with a tensor axis, latent-wide tensors kept besides :data:`KEPT`'s: the
+#: partial sums all-reduced inside the block (the 13B TP4xPP2 row's program at 4 layers)
+REDUCED = 1
+#: share of one layer's activations alive at once while a remat policy rebuilds it: all of
+#: them (the 30B TP4xPP4 rows' programs under ``remat='full'`` at 8 and 16 layers)
+REBUILT = 1.0
 
 
 def _widths(model: Model, plan: str, p: int, seq_len: int) -> dict[str, float]:
@@ -293,13 +304,14 @@ def _widths(model: Model, plan: str, p: int, seq_len: int) -> dict[str, float]:
     d, dkv, dff, h = model.d_model, model.d_kv, model.d_ff, model.n_heads
     lat = (4 * model.attn_rank + 3 * model.mlp_rank) if model.is_lowrank else 0
     if plan == "vanilla":  # residual, attention and gate*up replicated; latents rank-split
-        return dict(residual=d, latent=lat / p, ff=dff, qkv=d + 2 * dkv, scores=h * seq_len)
+        return dict(residual=d, latent=lat / p, ff=dff, qkv=d + 2 * dkv, attention=d,
+                    scores=h * seq_len)
     if plan in ("fullrank", "none") and not model.is_lowrank:  # residual replicated
-        return dict(residual=d, latent=0, ff=dff / p, qkv=(d + 2 * dkv) / p,
+        return dict(residual=d, latent=0, ff=dff / p, qkv=(d + 2 * dkv) / p, attention=d / p,
                     scores=h / p * seq_len)
     # btp (and a low-rank model on one device): every full dim split, latents replicated
     return dict(residual=d / p, latent=lat, ff=dff / p, qkv=(d + 2 * dkv) / p,
-                scores=h / p * seq_len)
+                attention=d / p, scores=h / p * seq_len)
 
 
 def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, tokens: int,
@@ -310,16 +322,19 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     ``model_state``: fp32 parameters (4 B), Adam's two moments (8 B, split over ``data`` by
     ZeRO-1 and FSDP) and the fp32 gradients (4 B; with accumulation a second fp32 sum), all
     split over ``data`` by FSDP (which holds one layer gathered, and the embedding, head and
-    norms gathered with their whole gradients); plus the compute-dtype copy of the weights in
-    bf16 (2 B).
+    norms gathered, with the whole fp32 gradient of one of embedding and head at a time); plus the
+    compute-dtype copy of the weights in bf16 (2 B).
     ``activations``: what each layer keeps for the backward pass (:data:`KEPT` per width class,
-    in the compute dtype; XLA attention's scores in fp32 unless ``flash``), for every pipeline
-    microbatch in flight, one accumulation micro-step at a time; ``full`` remat keeps the
-    block input and rebuilds one layer at a time, ``lowrank`` keeps the latents, the reduced
-    outputs and the residual.
+    in the compute dtype, and :data:`NORMS_FP32`; XLA attention's scores in fp32 unless
+    ``flash``), for every pipeline microbatch in flight, one accumulation micro-step at a
+    time; ``full`` remat keeps the block input and rebuilds one layer at a time (all of its
+    activations, :data:`REBUILT`), ``lowrank`` keeps the latents, the reduced outputs and the
+    residual.
     ``logits``: the vocab-parallel head's fp32 arrays (:data:`LOGITS`) of a microbatch (when
     pipelining, of the stage's ``1/S`` share of a pipeline pass's tokens: every stage runs the
     head on its share of the pass at once).
+    ``cudnn_workspace`` (``flash`` only): the workspace of cuDNN's attention backward for one
+    layer of a microbatch, which a program compiled without a GPU sizes 0.
     """
     data, p = parallel.data, parallel.tensor
     layers = model.n_layers // parallel.pipe
@@ -328,27 +343,30 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     weights = 4 + 4 * (1 + (parallel.grad_accum > 1)) + (2 if act == 2 else 0)
     state = local_params * (weights / fsdp + 8 / (data if parallel.zero else 1))
     if fsdp > 1:  # one layer's parameters gathered and its gradient before the scatter;
-        # the embedding, head and norms gathered for the step (compute dtype), with their
-        # whole fp32 gradients until the reduce-scatter after the last micro-step
+        # the embedding, head and norms gathered for the step (compute dtype), and the whole
+        # fp32 gradient of one of embedding and head at a time (XLA:GPU's 3B FSDP step for
+        # H100s): 4 B for half of them
         state += _layer_parameters(model, parallel) * (8 + (2 if act == 2 else 0))
-        state += comm.local_parameters(model, parallel)[1] * (act + 4)
+        state += comm.local_parameters(model, parallel)[1] * (act + 2)
     w = _widths(model, plan, p, seq_len)
     # FSDP's blocks, and those that slice their layer from the stage's in every pipeline
     # iteration (circular), are always checkpointed (parallel/remat.py)
     sliced = fsdp > 1 or parallel.repeats > 1
-    counts = dict(KEPT_FSDP if sliced and parallel.remat == "none" else KEPT)
+    checkpointed = sliced and parallel.remat == "none"
+    counts = dict(KEPT_FSDP if checkpointed else KEPT)
+    if not model.is_lowrank and not checkpointed:
+        counts["ff"] = KEPT_FF_DENSE
     if plan == "btp" and p > 1:
         counts["latent"] += REDUCED
-    elif plan == "fullrank" and p > 1:  # o's and down's partial sums and their all-reduce
-        counts["residual"] += REDUCED
     keep = {k: counts[k] * w[k] * act for k in KEPT}
-    layer = sum(keep.values()) + (0.0 if flash else SCORES * w["scores"] * 4)
+    norms = 0 if checkpointed else NORMS_FP32 * w["residual"] * 4
+    layer = sum(keep.values()) + norms + (0.0 if flash else SCORES * w["scores"] * 4)
     if parallel.remat == "full":  # the block input; one block rebuilt at a time
         kept, peak = w["residual"] * act, REBUILT * layer
     elif parallel.remat in ("lowrank", "lowrank_attn"):  # latents and the residual stream
         extra = parallel.remat == "lowrank_attn"
         kept = w["latent"] * act + (2 + extra) * w["residual"] * act
-        peak = REBUILT * (layer - kept)
+        peak = REBUILT * max(layer - kept, 0.0)
     else:
         kept, peak = layer, 0.0
     # pipelining keeps a microbatch's activations per loop iteration (bubbles included)
@@ -366,7 +384,13 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     activations = kept * group * tokens * passes + peak * tokens
     heads = parallel.microbatches / parallel.pipe if parallel.pipe > 1 else 1
     logits = LOGITS * tokens * heads * model.vocab_size / p * 4
-    return {"model_state": state, "activations": activations, "logits": logits}
+    out = {"model_state": state, "activations": activations, "logits": logits}
+    if flash:  # cuDNN's attention backward, one layer's at a time: its fp32 dQ accumulator
+        # [b, h, s, d_head] and softmax sum [b, h, s] (NVIDIA/cudnn-frontend, include/
+        # cudnn_frontend/node/scaled_dot_product_flash_attention.h, SDPABackwardNode:
+        # ``dQ_accum``, ``softmax_sum``); XLA's deviceless compile sizes it 0 (no cuDNN)
+        out["cudnn_workspace"] = tokens * (w["attention"] + w["scores"] / seq_len) * 4
+    return out
 
 
 def _layer_parameters(model: Model, parallel: Parallel) -> float:

@@ -32,6 +32,8 @@ def define_flags() -> None:
     flags.DEFINE_list("memory_microbatches", [], "memory: the pipelined rows with this many "
                       "pipeline microbatches instead of the paper's (with --target, a list: "
                       "each)")
+    flags.DEFINE_integer("memory_layers", 0, "memory --target: compile each row with this many "
+                         "decoder layers (its widths, reduced depth; 0: the model's)")
     flags.DEFINE_list("schedules", [], "memory --target: the pipelined rows under each of "
                       "these pipeline schedules, gpipe or circular:R (R repeats), with each "
                       "one's bubble and what 1F1B would hold by the performance model")

@@ -28,10 +28,11 @@ import json
 
 from absl import flags
 
-from boost_jax.analysis.plan_verify import GPU_TARGETS
+from boost_jax.analysis.gpu_target import GPU_TARGETS
 from boost_jax.bench.measure import format_rows, run_benchmark
 from boost_jax.cli import user_error
 from boost_jax.config import Config, ConfigError, Data, Train
+from boost_jax.config_fields import unbound
 
 FLAGS = flags.FLAGS
 
@@ -52,10 +53,12 @@ GIB = 2**30
 
 
 def row_config(name: str, dtype: str = "bfloat16", method: str = "boost",
-               attention: str = "auto", microbatches: int | None = None) -> Config:
+               attention: str = "auto", microbatches: int | None = None,
+               layers: int | None = None) -> Config:
     """The config of one row of :data:`ROWS` for ``method`` (analysis/paper.py ``METHODS``),
     with ``Parallel.attention=attention``; a pipelined row with ``microbatches`` pipeline
-    microbatches instead of the paper's, when given."""
+    microbatches instead of the paper's, when given; ``layers`` decoder layers instead of the
+    model's, when given (the same widths at reduced depth)."""
     from boost_jax.analysis.paper import METHODS, WEAK_SCALING, configs
 
     if name not in ROWS:
@@ -68,6 +71,8 @@ def row_config(name: str, dtype: str = "bfloat16", method: str = "boost",
     parallel = dataclasses.replace(parallel, data=data, zero=zero, attention=attention)
     if microbatches and parallel.pipe > 1:
         parallel = dataclasses.replace(parallel, microbatches=microbatches)
+    if layers:
+        model = dataclasses.replace(model, n_layers=layers)
     return Config(model, parallel, Train(batch_size=row.batch * data, seq_len=SEQ_LEN,
                                          dtype=dtype), Data())
 
@@ -135,7 +140,9 @@ def measure_gpu_row(config: Config, target: str) -> dict:
     gpipe = dataclasses.replace(par, pipeline_schedule="gpipe", pipeline_repeats=1)
     one_f_one_b = memory(m, gpipe, t.batch_size, t.seq_len, t.dtype,
                          in_flight=min(par.microbatches, stages) if stages > 1 else None)
-    return {"layout": f"{m.size} {m.arch} {par.tp_plan} data={par.data} pipe={par.pipe} "
+    full_depth = unbound(type(m), arch=m.arch, size=m.size).n_layers
+    size = m.size if m.n_layers == full_depth else f"{m.size}/{m.n_layers}L"
+    return {"layout": f"{size} {m.arch} {par.tp_plan} data={par.data} pipe={par.pipe} "
                       f"tensor={par.tensor} zero={par.zero} micro={par.microbatches} "
                       f"accum={par.grad_accum} remat={par.remat}",
             "topology": topo, "compiled_gib": mem["total"] / GIB, "temp_gib": mem["temp"] / GIB,
@@ -159,20 +166,24 @@ SCHEDULE_COLUMNS = [GPU_COLUMNS[0], ("schedule", ">11", "schedule"),
 
 
 def gpu_configs(rows: list[str], methods: list[str], dtype: str = "bfloat16",
-                microbatches: list[int | None] = (None,), schedules: list[str] = ("",)
-                ) -> tuple[list[Config], list[str]]:
+                microbatches: list[int | None] = (None,), schedules: list[str] = ("",),
+                layers: int | None = None) -> tuple[list[Config], list[str]]:
     """The configs of ``rows`` x ``methods`` x ``microbatches`` x ``schedules``
     (:func:`row_config`, cuDNN attention: what the paper's GPU runs use, no seq x seq scores),
     in that order, and why each combination ``Config`` rejects was left out. A config two
     methods share (at TP=1 ``vanilla`` and ``btp`` are both the unsharded low-rank model, plan
     ``none``) comes once. A schedule (pipelined rows only): ``gpipe`` or ``circular:R`` (``R``
-    repeats); ``""`` the row's own."""
+    repeats); ``""`` the row's own. ``layers``: each row at that depth (:func:`row_config`)."""
     configs, skipped = [], []
     for name in rows:
         for method in methods:
             for m in microbatches:
                 for schedule in schedules:
-                    row = row_config(name, dtype, method, "cudnn", m)
+                    try:
+                        row = row_config(name, dtype, method, "cudnn", m, layers)
+                    except ConfigError as err:
+                        skipped.append(f"{name} {method} layers={layers}: {err}")
+                        continue
                     if schedule and row.parallel.pipe > 1:  # parse_lists' spelling
                         kind, _, repeats = schedule.partition(":")
                         try:
@@ -211,8 +222,12 @@ def _run_gpu(config: Config) -> int:
     ``--memory_microbatches`` x ``--schedules``) compiled for ``--target``
     (:func:`gpu_configs`)."""
     micro, schedules = parse_lists(FLAGS.memory_microbatches, FLAGS.schedules)
+    if FLAGS.memory_layers < 0:
+        raise ConfigError(f"--memory_layers={FLAGS.memory_layers}: a positive number of "
+                          "layers, or 0 for the model's")
     configs, skipped = gpu_configs(FLAGS.memory_rows or list(GPU_ROWS), FLAGS.methods,
-                                   config.train.dtype, micro, schedules)
+                                   config.train.dtype, micro, schedules,
+                                   FLAGS.memory_layers or None)
     rows = [measure_gpu_row(row, FLAGS.target) for row in configs]
     columns = SCHEDULE_COLUMNS if FLAGS.schedules else GPU_COLUMNS
     print(json.dumps(rows, indent=1) if FLAGS.json else "\n".join(format_rows(rows, columns)))

@@ -118,7 +118,7 @@ def _run(model, train) -> int:
         raise ConfigError(f"no layout of {problem.gpus} GPUs fits: {reason}")
     checks = None
     if FLAGS.verify:
-        from boost_jax.analysis import plan_verify
+        from boost_jax.analysis import gpu_target, plan_verify
 
         why = plan_verify.gpu_target_missing(FLAGS.hardware)
         if why is None:  # the layouts themselves, compiled for the profile's GPUs
@@ -127,7 +127,7 @@ def _run(model, train) -> int:
             # before any backend starts: the CUDA plugin compiles for mock GPUs (no GPU here)
             jax.config.update("jax_platforms", "cpu")
             checks = plan_verify.verify_on_gpu(problem, FLAGS.verify_top,
-                                               plan_verify.GPU_TARGETS[FLAGS.hardware])
+                                               gpu_target.GPU_TARGETS[FLAGS.hardware])
         else:
             from boost_jax.parallel.mesh import request_host_devices
 

@@ -19,6 +19,7 @@ under it), the tensor- and data-axis traffic against the analytic formula
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import tempfile
 import warnings
@@ -121,9 +122,35 @@ def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None 
         "triton_kernels": [dict(kernel=k, target=a, calls=n) for (k, a), n in
                            sorted(gpu_program.triton_kernels(hlo).items())],
         "fusions": gpu_program.fusions(hlo),
+        "loop_residuals": gpu_program.layer_loop_residuals(hlo, config.train.seq_len),
         "latency_hiding": gpu_program.latency_hiding_estimate(schedule) if schedule else None,
+        "communication_model": model_communication(config, tgt.name, topology),
     }
     return rep
+
+
+def model_communication(config: Config, target: str, topology: str) -> dict | None:
+    """The performance model's communication seconds per step of ``config`` (analysis/
+    perf_model.py ``predict``): ``tp`` (the tensor axis's collectives, on every layer's
+    critical path), ``pp`` (the pipeline's sends and boundaries), ``dp`` (the data-parallel
+    collectives left exposed), on the hardware profile of ``target``'s GPU
+    (analysis/gpu_target.py ``GPU_TARGETS``) with ``topology``'s GPUs per host; ``None``
+    where no profile has that GPU. Beside XLA's estimate of the exposed time: the model's
+    exposed share (``pp + dp``) is the comparable term, since XLA's estimate counts only the
+    asynchronous collectives the schedule leaves exposed."""
+    from boost_jax.analysis import gpu_target
+    from boost_jax.analysis.hardware import PROFILES
+    from boost_jax.analysis.perf_model import predict
+
+    profile = next((p for p, t in gpu_target.GPU_TARGETS.items() if t == target), None)
+    if profile is None:
+        return None
+    _, per_host = gpu_target.parse_topology(topology)
+    hw = dataclasses.replace(PROFILES[profile], gpus_per_node=per_host)
+    t = config.train
+    b = predict(config.model, config.parallel, t.batch_size, t.seq_len, hw, dtype=t.dtype).breakdown
+    return {"profile": profile, "tp_s": b["tp"], "pp_s": b["pp"], "dp_s": b["dp"],
+            "exposed_s": b["pp"] + b["dp"]}
 
 
 def model_memory(config: Config, model) -> dict[str, float]:
@@ -156,7 +183,7 @@ def format_gpu_report(rep: dict) -> str:
              f"  of {m['capacity'] / GIB:,.2f} GiB: " + (
                  f"fits, {m['headroom'] / GIB:,.2f} GiB free" if m["fits"] else
                  f"does NOT fit, {-m['headroom'] / GIB:,.2f} GiB over") +
-             " (cuDNN's workspace not counted)",
+             " (the compile sizes cuDNN's workspace 0; the model below counts it)",
              "  the performance model's (analysis/perf_model.py): " + ", ".join(
                  f"{k} {v / 2**20:,.1f}" for k, v in g["memory_model"].items())
              + f" MiB; model / compiled {g['memory_model']['total'] / m['total']:.2f}", "",
@@ -168,6 +195,12 @@ def format_gpu_report(rep: dict) -> str:
         lines.append(f"  {r['op']:<19}{r['axes']:<13}{r['dtype']:<6}{r['bytes']:>13,}"
                      f"{r['runs']:>6}{r['instances']:>4}  {'yes' if r['asynchronous'] else 'no':<6}"
                      f"{r['overlapped']:>10}")
+    if g["loop_residuals"]:
+        lines += ["", "what each loop keeps per iteration for the backward pass (its stacked "
+                  "tensors with a sequence dimension: dtype[width per token] x count)"]
+        lines += [f"  {r['loop']} ({r['trips']} iterations): " + ", ".join(
+            f"{k} x{v}" for k, v in r["kept"].items()) + f"; {r['bytes_per_token']:,} B per "
+            "token" for r in g["loop_residuals"]]
     lines += ["", f"fusions: {g['fusions']}; custom calls and fusion kinds: " + ", ".join(
         f"{k} x{v}" for k, v in sorted(g["custom_calls"].items()))]
     if g["triton_kernels"]:
@@ -185,6 +218,18 @@ def format_gpu_report(rep: dict) -> str:
             f"counted): {lhs['exposed_us']:,.1f}" + (" (" + ", ".join(
                 f"{k} {v:,.1f}" for k, v in sorted(kinds.items())) + ")" if kinds else "")
             + ("" if lhs["complete"] else "; a loop's trip count unknown: not counted"))
+    if (cm := g["communication_model"]) is not None:
+        lines.append(
+            f"communication per step, the performance model's ({cm['profile']}, seconds as "
+            f"ms): tensor {cm['tp_s'] * 1e3:,.1f} (on every layer's critical path), pipeline "
+            f"{cm['pp_s'] * 1e3:,.1f}, data-parallel exposed {cm['dp_s'] * 1e3:,.1f}")
+        if lhs is not None:
+            lines.append(
+                "  XLA's estimate / the model's exposed time (pipeline + data): "
+                + (f"{lhs['exposed_us'] / (cm['exposed_s'] * 1e6):,.2f}" if cm["exposed_s"]
+                   else "- (the model leaves none exposed)")
+                + ": not comparable as times (XLA's units count exposed asynchronous "
+                "collectives; docs: Compiling for a GPU cluster without one)")
     lines += ["",
         "the same program's communication against the formula (comm_report):", "",
         format_report(rep)]

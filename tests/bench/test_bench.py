@@ -82,6 +82,20 @@ def test_bench_memory_for_a_gpu_compiles_each_config_once():
     assert {c.parallel.attention for c in configs} == {"cudnn"} and skipped == []
 
 
+def test_bench_memory_at_reduced_depth():
+    """``bench memory --target --memory_layers=N``: each row with ``N`` decoder layers and its
+    widths (the programs the memory model's constants are read from, docs/BENCHMARKS.md); a
+    depth a pipelined row cannot split is named, not compiled."""
+    from boost_jax.bench.memory import gpu_configs
+
+    configs, skipped = gpu_configs(["3b", "13b"], ["boost"], layers=4)
+    assert [(c.model.size, c.model.n_layers, c.model.d_model) for c in configs] == [
+        ("3b", 4, 3072), ("13b", 4, 5120)]
+    configs, skipped = gpu_configs(["3b", "13b"], ["boost"], layers=3)
+    assert [c.model.size for c in configs] == ["3b"]
+    assert len(skipped) == 1 and "13b boost layers=3" in skipped[0] and "divisible" in skipped[0]
+
+
 def test_bench_memory_schedules_and_what_1f1b_would_hold():
     """``bench memory --target --schedules``: the pipelined rows under each schedule and
     microbatch count (a combination ``Config`` rejects is named, not compiled; a row without a

@@ -205,3 +205,15 @@ def test_latency_hiding_estimate_covers_every_loop(program):
     runs = sorted(r["runs"] for r in lhs["computations"])
     assert runs == [1, LAYERS - 1, LAYERS], runs
     assert 0 <= lhs["exposed_us"] < 1e6
+
+
+def test_the_models_communication_is_printed_beside_xlas_estimate(program):
+    """The report's performance-model communication for the same layout on the target's
+    hardware profile (h100_sxm): the tensor axis's time positive (btp over tensor=4), the
+    exposed time the data-parallel and pipeline share; and the layer loops' kept tensors."""
+    g = program[3]["gpu"]
+    cm = g["communication_model"]
+    assert cm["profile"] == "h100_sxm" and cm["tp_s"] > 0
+    assert cm["exposed_s"] == pytest.approx(cm["pp_s"] + cm["dp_s"])
+    assert any(r["trips"] >= LAYERS - 1 and r["bytes_per_token"] > 0
+               for r in g["loop_residuals"]), g["loop_residuals"]
