@@ -12,7 +12,9 @@ CUDA plugin without NVIDIA's libraries). The report (analysis/gpu_program.py): p
 memory against the GPU's (fits or not, headroom), every collective of the compiled program
 (op, dtype, bytes, mesh axes, runs per step, asynchronous or not, the compute XLA scheduled
 under it), the tensor- and data-axis traffic against the analytic formula
-(tools/comm_report.py), the custom calls (cuDNN attention, cuBLAS, Triton) and fusions.
+(tools/comm_report.py), the custom calls (cuDNN attention, cuBLAS, Triton) and fusions, what
+each loop keeps per iteration for the backward pass, and XLA's estimate of the exposed
+collective time beside the performance model's communication time for the same layout.
 ``--check`` exits 1 when the traffic differs from the formula.
 """
 
