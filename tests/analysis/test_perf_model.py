@@ -117,6 +117,20 @@ def test_flops_breakdown_and_memory_follow_the_plan():
     assert remat.memory["activations"] < runs["btp"].memory["activations"] / 2
 
 
+def test_cudnn_attention_workspace_is_counted_with_flash_attention_only():
+    """cuDNN's attention backward workspace (which a compile without a GPU sizes 0): its fp32
+    dQ accumulator and softmax sum for one layer of a microbatch, heads split by the tensor
+    axis under btp, replicated under vanilla; none with XLA's attention."""
+    m = Model(arch="cola", size="7b")  # 32 heads of 128
+    btp, van = (predict(m, Parallel(data=1, tensor=4, tp_plan=p), 4, 4096, H100).memory
+                for p in ("btp", "vanilla"))
+    tokens = 4 * 4096
+    assert btp["cudnn_workspace"] == tokens * (32 // 4) * (128 + 1) * 4
+    assert van["cudnn_workspace"] == tokens * 32 * (128 + 1) * 4
+    xla = predict(m, Parallel(data=1, tensor=4), 4, 4096, H100, flash_attention=False)
+    assert "cudnn_workspace" not in xla.memory
+
+
 def test_pipeline_bubble_and_inter_node_links():
     m = Model(arch="cola", size="13b")
     hw = PROFILES["a100_80gb_4gpu"]
