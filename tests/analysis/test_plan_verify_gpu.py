@@ -11,10 +11,10 @@ BOOST (CoLA under ``btp``) and as full-rank TP (dense under ``fullrank``: its re
 residual stream, fp32 norm copies and five ``d_ff``-wide tensors per layer), and 30B TP4xPP4
 (BOOST, ``remat='full'``, four microbatches: the parameters and optimizer state dominate);
 and the planner's choice for the CoLA 1B on 8 H100s (FSDP over data=8, batch 8 x 4096) at full
-depth. Measured on 2026-11-28 (jax 0.12.0.1), GiB per device, model / compiled: 13B BOOST
-14.20 / 15.21 (0.93), 13B full rank 18.25 / 19.72 (0.93; the model before the per-class
-recount: 0.79, failing), 30B 5.07 / 4.84 (1.05), 1B FSDP on H100s 7.46 / 7.22 (1.03; before:
-1.17, failing); the full-depth rows: docs/paper.md."""
+depth. Measured on 2026-11-28 (jax 0.12.0.1), GiB per device, model (cuDNN's workspace
+included) / compiled: 13B BOOST 14.28 / 15.21 (0.94), 13B full rank 18.33 / 19.72 (0.93; the
+model before the per-class recount: 0.79, failing), 30B 5.10 / 4.84 (1.05), 1B FSDP on H100s
+7.49 / 7.22 (1.04; before: 1.17, failing); the full-depth rows: docs/paper.md."""
 
 from __future__ import annotations
 
