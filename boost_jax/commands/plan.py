@@ -3,6 +3,7 @@
     python -m boost_jax.plan --gin_param=Model.size="'13b'" --gpus=8 [--gpus_per_node=4]
         [--hardware=a100_80gb_4gpu] [--batch=4 --seq_len=4096] [--top=10] [--json]
         [--emit_gin=FILE] [--verify [--verify_top=3]]
+    python -m boost_jax.plan --paper [--hardware=a100_80gb_4gpu]
 
 The model comes from gin (``--gin_file`` / ``--gin_param``), the batch and sequence length
 from ``--batch`` / ``--seq_len`` (default: the configured ``Train.batch_size`` /
@@ -59,6 +60,8 @@ def define_flags() -> None:
                       "gpu_compile extra is installed, else at small shapes on simulated CPU "
                       "devices")
     flags.DEFINE_integer("verify_top", 3, "layouts --verify compiles")
+    flags.DEFINE_bool("paper", False, "print the paper's layouts (analysis/paper.py) beside the "
+                      "planner's choice for each, on --hardware, as a markdown table")
 
 
 def _problem(model, train):
@@ -105,8 +108,32 @@ def format_plan(result, top: int) -> str:
     return "\n".join(lines)
 
 
+def format_paper(entries: list[dict]) -> str:
+    """:func:`~boost_jax.analysis.paper.compare_with_planner` as a markdown table."""
+    gib = 2**30
+    lines = ["| row | method | paper layout | predicted s | GiB | planner's choice | predicted s "
+             "| GiB | binding |", "|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        p, c = e["paper"], e["choice"]
+        lines.append(f"| {e['row']} | {e['method']} | {p.describe()} | {p.step_s:.3f} | "
+                     f"{p.memory / gib:.1f}{' (over)' if e['over'] else ''} | {c.describe()} | "
+                     f"{c.step_s:.3f} | {c.memory / gib:.1f} | {c.binding} |")
+    return "\n".join(lines)
+
+
 def _run(model, train) -> int:
     from boost_jax.analysis.planner import emit_gin, plan
+
+    if FLAGS.paper:
+        from boost_jax.analysis.hardware import PROFILES
+        from boost_jax.analysis.paper import ARCHITECTURES, WEAK_SCALING, compare_with_planner
+
+        if FLAGS.hardware not in PROFILES:
+            raise ConfigError(f"--hardware={FLAGS.hardware!r} is not one of "
+                              f"{', '.join(PROFILES)}")
+        print(format_paper(compare_with_planner(WEAK_SCALING + ARCHITECTURES,
+                                                PROFILES[FLAGS.hardware])))
+        return 0
 
     problem = _problem(model, train)
     result = plan(problem)

@@ -139,3 +139,18 @@ def test_small_model_keeps_the_architecture():
     assert (m.arch, m.d_model, m.n_layers) == ("lax", 256, 4)
     assert plan_verify.small_model(tiny("svd")) == tiny("svd")
     assert Parallel  # the layouts are real Parallel objects
+
+
+def test_the_paper_layouts_beside_the_planners_choice():
+    """``plan --paper`` (docs/guides/plan.md's table): on one GPU the 1B BOOST layout of the
+    paper is the planner's choice; the full-rank one is over the budget with its headroom, so
+    the planner accumulates instead, a little slower."""
+    from boost_jax.analysis.paper import compare_with_planner
+    from boost_jax.commands.plan import format_paper
+
+    boost, full = compare_with_planner(WEAK_SCALING[:1], A100)
+    assert boost["choice"].describe() == boost["paper"].describe() and not boost["over"]
+    assert full["over"] and full["choice"].parallel.grad_accum == 2
+    assert full["choice"].step_s > full["paper"].step_s
+    table = format_paper([boost, full]).splitlines()
+    assert len(table) == 4 and table[2].startswith("| 1B TP1 | boost | data=1 pipe=1")
