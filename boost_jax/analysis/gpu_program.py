@@ -141,9 +141,11 @@ def fusions(hlo: str) -> int:
 def layer_loop_residuals(hlo: str, seq_len: int) -> list[dict]:
     """What each loop of a compiled program stacks per iteration for the backward pass: for
     every ``while`` with a known trip count ``n``, the elements of its result whose leading
-    dimension is ``n`` and which have a ``seq_len`` dimension (a layer loop's stacked
-    activations; weights and gradients have none), counted by dtype and per-token width (the
-    product of the dimensions after the sequence's): ``{"loop", "trips", "kept": {"bf16[5120]":
+    dimension is ``n`` and which have a ``seq_len`` dimension after a batch dimension (a layer
+    loop's stacked activations ``[n, ..., batch, seq, ...]``; a stacked weight ``[n, d, k]``
+    whose ``d`` equals ``seq_len`` is not one), counted by dtype and per-token width (the
+    product of the dimensions after the sequence's: a head-major ``[n, b, h, s, d]`` counts
+    ``d``, not ``h d``): ``{"loop", "trips", "kept": {"bf16[5120]":
     3, ...}, "bytes_per_token": ...}`` (the kept tensors' bytes per token: a layer's, in a
     layer loop). How the performance model's per-layer counts were read
     (analysis/perf_model.py ``KEPT``)."""
@@ -156,9 +158,9 @@ def layer_loop_residuals(hlo: str, seq_len: int) -> list[dict]:
             n, kept, size = int(trips.group(1)), collections.Counter(), 0
             for element in _tuple_elements(ins.type):
                 for dtype, dims in _arrays(element):
-                    if not dims or dims[0] != n or seq_len not in dims[1:]:
-                        continue
-                    width = math.prod(dims[dims.index(seq_len, 1) + 1:])
+                    if not dims or dims[0] != n or seq_len not in dims[2:]:
+                        continue  # an activation: a batch dimension before its sequence's
+                    width = math.prod(dims[dims.index(seq_len, 2) + 1:])
                     kept[f"{dtype}[{width}]"] += 1
                     size += width * _BYTES.get(dtype, 4)
             if kept:

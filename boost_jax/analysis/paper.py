@@ -109,7 +109,8 @@ def compare(rows: list[Row], hw: Hardware, eff: Efficiency) -> list[dict]:
 def compare_with_planner(rows: list[Row], hw: Hardware) -> list[dict]:
     """Each row's paper layout (BOOST and full rank) beside the planner's best layout for the
     same model, GPUs and batch on ``hw`` (analysis/planner.py; seq 4096): ``row``, ``method``,
-    ``paper`` and ``choice`` (:class:`~boost_jax.analysis.planner.Layout`), ``over`` (the
+    ``paper`` and ``choice`` (:class:`~boost_jax.analysis.planner.Layout`; ``None`` where no
+    layout fits), ``over`` (the
     paper's layout above the planner's budget once its headroom is added). ``python -m
     boost_jax.plan --paper`` prints it."""
     from boost_jax.analysis.planner import Problem, evaluate, plan
@@ -122,5 +123,5 @@ def compare_with_planner(rows: list[Row], hw: Hardware) -> list[dict]:
             paper = evaluate(problem, parallel)
             out.append({"row": row.name, "method": method, "paper": paper,
                         "over": paper.memory * (1 + problem.headroom) > problem.budget,
-                        "choice": plan(problem).layouts[0]})
+                        "choice": next(iter(plan(problem).layouts), None)})
     return out

@@ -128,7 +128,7 @@ class Prediction:
     hardware_flops: float  # per GPU per step including recomputation
     hbm_bytes: float  # per GPU per step: GEMM operands, elementwise work, optimizer
     comm_elements: dict[str, float]  # per step, by mesh axes (analysis/comm.py)
-    memory: dict[str, float]  # model_state, activations
+    memory: dict[str, float]  # model_state, activations, logits[, cudnn_workspace]
 
     @property
     def compute_s(self) -> float:
@@ -230,11 +230,11 @@ def memory(model: Model, parallel: Parallel, batch: int, seq_len: int,
            dtype: str = "bfloat16", flash_attention: bool = True,
            in_flight: int | None = None) -> dict[str, float]:
     """Bytes per device at the step's peak (:func:`predict`'s ``memory``: ``model_state``,
-    ``activations``, ``logits``). ``in_flight``: the pipeline microbatches whose activations
-    a stage holds at once, instead of this project's schedules' (every iteration's, ``R M + S
-    - 1``, and the layer loop's copy) -- ``min(M, S)`` is the non-interleaved 1F1B schedule's
-    first stage (Narayanan et al. 2021; Nanotron's ``pp_engine: 1f1b``, which BOOST's configs
-    use), a schedule this project does not build."""
+    ``activations``, ``logits``, with flash attention in bf16 ``cudnn_workspace``).
+    ``in_flight``: the pipeline microbatches whose activations a stage holds at once, instead
+    of this project's schedules' (every iteration's, ``R M + S - 1``, and the layer loop's
+    copy) -- ``min(M, S)`` is the non-interleaved 1F1B schedule's first stage (Narayanan et
+    al. 2021; Nanotron's ``pp_engine: 1f1b``, which BOOST's configs use), not built here."""
     p = parallel.tensor
     plan = parallel.tp_plan if p > 1 else ("none" if model.arch == "dense" else "btp")
     passes = parallel.microbatches * parallel.grad_accum
@@ -269,7 +269,7 @@ def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Effi
 
 #: activation tensors kept per layer for the backward pass with ``remat='none'``, per width
 #: class, in the compute dtype (global counts, read off the layer loops of XLA:GPU's programs
-#: of the paper's 1B and 3B rows at 4 layers, compiled for A100s, where the classes' widths
+#: of the paper's 1B and 3B rows at 2 and 4 layers, compiled for A100s, where the classes' widths
 #: differ; ``python -m boost_jax.bench memory --target=a100_sxm_80``): the residual-stream-wide
 #: ones (block input, the two norms' outputs), the low-rank latents (pre- and post-activation
 #: and the fused q/k/v and gate/up latents once more: 21-23 rank-wide columns of CoLA per
@@ -278,9 +278,10 @@ def data_parallel_time(model: Model, parallel: Parallel, hw: Hardware, eff: Effi
 #: the attention output. Where each constant was read and on which compiled programs it was
 #: checked without being fitted to them: docs/BENCHMARKS.md, "The memory model".
 KEPT = {"residual": 3, "latent": 3, "ff": 3, "qkv": 1, "attention": 1}
-KEPT_FF_DENSE = 5  # a dense (full-rank) MLP's ``d_ff``-wide tensors, instead
+KEPT_FF_DENSE = 5  # a SwiGLU MLP's ``d_ff``-wide tensors (dense's; svd's alike), instead
 #: fp32 residual-width tensors each layer keeps besides: each of its two RMSNorms' fp32 input
-#: and normalised value (models/norms.py computes in fp32)
+#: and normalised value (models/norms.py computes in fp32; read off bf16 programs, and kept for
+#: fp32 steps, which the CPU verification checks within 15 %)
 NORMS_FP32 = 4
 #: under FSDP (and the circular schedule) the blocks are checkpointed keeping the matmul
 #: outputs only (parallel/remat.py): per class what stays of :data:`KEPT` (read off the
@@ -288,8 +289,7 @@ NORMS_FP32 = 4
 KEPT_FSDP = {"residual": 3, "latent": 1, "ff": 2, "qkv": 1, "attention": 0}
 #: fp32 ``seq``-wide tensors per head kept by XLA's (non-flash) attention: scores, softmax
 SCORES = 2
-#: fp32 ``[tokens, vocab/p]`` arrays alive at the loss: the logits and their gradient
-#: (XLA:GPU's program of the 3B FSDP step: two ``f32[4096, 32000]``)
+#: fp32 ``[tokens, vocab/p]`` arrays at the loss: logits, gradient (3B FSDP: 2 f32[4096, 32000])
 LOGITS = 2
 #: under ``btp`` with a tensor axis, latent-wide tensors kept besides :data:`KEPT`'s: the
 #: partial sums all-reduced inside the block (the 13B TP4xPP2 row's program at 4 layers)
@@ -354,7 +354,7 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     sliced = fsdp > 1 or parallel.repeats > 1
     checkpointed = sliced and parallel.remat == "none"
     counts = dict(KEPT_FSDP if checkpointed else KEPT)
-    if not model.is_lowrank and not checkpointed:
+    if not model.bilinear_mlp and not checkpointed:  # a SwiGLU MLP (dense, svd)
         counts["ff"] = KEPT_FF_DENSE
     if plan == "btp" and p > 1:
         counts["latent"] += REDUCED
@@ -385,8 +385,8 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
     heads = parallel.microbatches / parallel.pipe if parallel.pipe > 1 else 1
     logits = LOGITS * tokens * heads * model.vocab_size / p * 4
     out = {"model_state": state, "activations": activations, "logits": logits}
-    if flash:  # cuDNN's attention backward, one layer's at a time: its fp32 dQ accumulator
-        # [b, h, s, d_head] and softmax sum [b, h, s] (NVIDIA/cudnn-frontend, include/
+    if flash and act == 2:  # cuDNN's attention backward (bf16), one layer's: its fp32 dQ
+        # accumulator [b, h, s, d_head] and softmax sum [b, h, s] (NVIDIA/cudnn-frontend, include/
         # cudnn_frontend/node/scaled_dot_product_flash_attention.h, SDPABackwardNode:
         # ``dQ_accum``, ``softmax_sum``); XLA's deviceless compile sizes it 0 (no cuDNN)
         out["cudnn_workspace"] = tokens * (w["attention"] + w["scores"] / seq_len) * 4

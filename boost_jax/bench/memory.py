@@ -18,7 +18,9 @@ shard).
   on the target's nodes (the A100s 4 per node, as the paper's), with cuDNN attention
   (tools/gpu_compile.py: no GPU needed, the ``gpu_compile`` extra), and its peak per device is
   printed beside the performance model's (with flash attention), the GPU's memory and whether
-  it fits. cuDNN's workspace is not in the compiled figure.
+  it fits. cuDNN's workspace is not in the compiled figure (the model's counts it).
+  ``--memory_layers=N`` compiles each row at ``N`` decoder layers (the same widths): the
+  programs the memory model's constants were read from (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -241,6 +243,8 @@ def _run(config: Config) -> int:
 
     devices = jax.devices()
     rows = []
+    if FLAGS.memory_layers:
+        raise ConfigError("--memory_layers: with --target only (the GPU compile)")
     for name in FLAGS.memory_rows or CPU_ROWS:
         micro, _ = parse_lists(FLAGS.memory_microbatches, [])
         if len(micro) > 1:

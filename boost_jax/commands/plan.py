@@ -61,7 +61,9 @@ def define_flags() -> None:
                       "devices")
     flags.DEFINE_integer("verify_top", 3, "layouts --verify compiles")
     flags.DEFINE_bool("paper", False, "print the paper's layouts (analysis/paper.py) beside the "
-                      "planner's choice for each, on --hardware, as a markdown table")
+                      "planner's choice for each, on --hardware (the rows bring their GPUs, "
+                      "batch and the default budget; other flags do not apply), as a markdown "
+                      "table")
 
 
 def _problem(model, train):
@@ -115,9 +117,10 @@ def format_paper(entries: list[dict]) -> str:
              "| GiB | binding |", "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         p, c = e["paper"], e["choice"]
+        choice = (f"{c.describe()} | {c.step_s:.3f} | {c.memory / gib:.1f} | {c.binding}"
+                  if c is not None else "no layout fits | - | - | -")
         lines.append(f"| {e['row']} | {e['method']} | {p.describe()} | {p.step_s:.3f} | "
-                     f"{p.memory / gib:.1f}{' (over)' if e['over'] else ''} | {c.describe()} | "
-                     f"{c.step_s:.3f} | {c.memory / gib:.1f} | {c.binding} |")
+                     f"{p.memory / gib:.1f}{' (over)' if e['over'] else ''} | {choice} |")
     return "\n".join(lines)
 
 

@@ -157,8 +157,9 @@ def model_communication(config: Config, target: str, topology: str) -> dict | No
 
 def model_memory(config: Config, model) -> dict[str, float]:
     """The performance model's bytes per device of ``config``'s step (analysis/perf_model.py:
-    ``model_state``, ``activations``, ``logits``, ``total``), with the attention the compiled
-    plan runs (cuDNN's keeps no ``seq x seq`` scores)."""
+    ``model_state``, ``activations``, ``logits``, with cuDNN's attention ``cudnn_workspace``,
+    ``total``), with the attention the compiled plan runs (cuDNN's keeps no ``seq x seq``
+    scores)."""
     from boost_jax.analysis.hardware import PROFILES
     from boost_jax.analysis.perf_model import predict
 
@@ -185,7 +186,8 @@ def format_gpu_report(rep: dict) -> str:
              f"  of {m['capacity'] / GIB:,.2f} GiB: " + (
                  f"fits, {m['headroom'] / GIB:,.2f} GiB free" if m["fits"] else
                  f"does NOT fit, {-m['headroom'] / GIB:,.2f} GiB over") +
-             " (the compile sizes cuDNN's workspace 0; the model below counts it)",
+             (" (the compile sizes cuDNN's workspace 0; the model below counts it)"
+              if "cudnn_workspace" in g["memory_model"] else ""),
              "  the performance model's (analysis/perf_model.py): " + ", ".join(
                  f"{k} {v / 2**20:,.1f}" for k, v in g["memory_model"].items())
              + f" MiB; model / compiled {g['memory_model']['total'] / m['total']:.2f}", "",

@@ -169,26 +169,26 @@ def test_latency_hiding_estimate_weighs_each_loop_by_its_trip_count():
 _LOOP_HLO = """\
 HloModule jit_step, is_scheduled=true
 
-%body (p: (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,64,64])) -> (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,64,64]) {
-  ROOT %p = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,64,64]{2,1,0}) parameter(0)
+%body (p: (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,96,64])) -> (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,96,64]) {
+  ROOT %p = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,96,64]{2,1,0}) parameter(0)
 }
 
-%cond (c: (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,64,64])) -> pred[] {
-  %c = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,64,64]{2,1,0}) parameter(0)
+%cond (c: (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,96,64])) -> pred[] {
+  %c = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,96,64]{2,1,0}) parameter(0)
   ROOT %t = pred[] constant(true)
 }
 
-ENTRY %main (a: (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,64,64])) -> (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,64,64]) {
-  %a = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,64,64]{2,1,0}) parameter(0)
-  ROOT %while.7 = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,64,64]{2,1,0}) while(%a), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+ENTRY %main (a: (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,96,64])) -> (s32[], bf16[4,2,96,64], f32[4,2,96,64], bf16[4,96,64]) {
+  %a = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,96,64]{2,1,0}) parameter(0)
+  ROOT %while.7 = (s32[], bf16[4,2,96,64]{3,2,1,0}, f32[4,2,96,64]{3,2,1,0}, bf16[4,96,64]{2,1,0}) while(%a), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
 }
 """
 
 
 def test_layer_loop_residuals_count_the_stacked_activations_per_token():
     """A loop of 4 iterations stacking a bf16 and an fp32 activation of width 64 per token
-    (batch 2 x seq 96) beside a stacked weight ``[4, 64, 64]`` (no sequence dimension: not
-    counted): one of each, 2 x 64 + 4 x 64 bytes per token."""
+    (batch 2 x seq 96) beside a stacked weight ``[4, 96, 64]`` (its 96 is no sequence: no batch
+    dimension before it; not counted): one of each, 2 x 64 + 4 x 64 bytes per token."""
     got = gpu_program.layer_loop_residuals(_LOOP_HLO, seq_len=96)
     assert got == [{"loop": "while.7", "trips": 4, "kept": {"bf16[64]": 1, "f32[64]": 1},
                     "bytes_per_token": 64 * 2 + 64 * 4}]

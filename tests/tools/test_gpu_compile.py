@@ -17,7 +17,7 @@ not the CPU one the rest of the suite reads:
   (``Parallel.reduce_dtype='float32'``, the default);
 * (d) cuDNN's attention calls, forward and backward, and no ``seq x seq`` array anywhere;
 * (e) the Triton kernels compiled for sm_90;
-* (f) the per-device memory fits an H100's 80 GB (cuDNN's workspace not counted) and is
+* (f) the per-device memory fits an H100's 80 GB (the compile sizes cuDNN's workspace 0) and is
   within 25 % of the performance model's figure;
 * XLA's estimate of the exposed collective time, read from its latency-hiding schedule, with
   every scheduled loop's runs per step known.
