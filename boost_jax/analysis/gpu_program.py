@@ -17,7 +17,7 @@ import math
 import re
 import zlib
 
-from boost_jax.analysis.hlo import OPS, _arrays, _tuple_elements, computations
+from boost_jax.analysis.hlo import _TRIP, ITEMSIZE, OPS, _arrays, _tuple_elements, computations
 
 #: instructions that compute nothing (layout, tuples, parameters, control): not counted as
 #: compute scheduled under a collective
@@ -35,9 +35,6 @@ _ESCAPE = re.compile(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{2}|.)", re.S)
 _SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b'"': b'"', b"'": b"'", b"\\": b"\\"}
 _PTX_ENTRY = re.compile(rb"\.entry\s+(\w+)")
 _PTX_TARGET = re.compile(rb"\.target\s+(sm_\w+)")
-_TRIPS_ATTR = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-#: bytes per element of the dtypes a program's activations hold
-_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +150,7 @@ def layer_loop_residuals(hlo: str, seq_len: int) -> list[dict]:
     out = []
     for instrs in comps.values():
         for ins in instrs:
-            if ins.op != "while" or (trips := _TRIPS_ATTR.search(ins.attrs)) is None:
+            if ins.op != "while" or (trips := _TRIP.search(ins.attrs)) is None:
                 continue
             n, kept, size = int(trips.group(1)), collections.Counter(), 0
             for element in _tuple_elements(ins.type):
@@ -162,7 +159,7 @@ def layer_loop_residuals(hlo: str, seq_len: int) -> list[dict]:
                         continue  # an activation: a batch dimension before its sequence's
                     width = math.prod(dims[dims.index(seq_len, 2) + 1:])
                     kept[f"{dtype}[{width}]"] += 1
-                    size += width * _BYTES.get(dtype, 4)
+                    size += width * ITEMSIZE.get(dtype, 4)
             if kept:
                 out.append({"loop": ins.name, "trips": n, "kept": dict(sorted(kept.items())),
                             "bytes_per_token": size})

@@ -35,6 +35,8 @@ TARGETS = {
 #: hardware profile (analysis/hardware.py) -> the target of its GPU (plan --verify, bench
 #: memory --target and gpu_compile's communication beside the performance model's)
 GPU_TARGETS = {"a100_80gb_4gpu": "a100_sxm_80", "h100_sxm": "h100_sxm", "h200": "h200"}
+#: the inverse: target -> hardware profile
+TARGET_PROFILES = {target: profile for profile, target in GPU_TARGETS.items()}
 #: the pip packages of the deviceless compile (the ``gpu_compile`` extra: jax[cuda13-local])
 PLUGIN = "jax_plugins.xla_cuda13"
 INSTALL = 'pip install -e ".[gpu_compile]"'

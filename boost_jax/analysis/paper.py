@@ -122,6 +122,6 @@ def compare_with_planner(rows: list[Row], hw: Hardware) -> list[dict]:
             problem = Problem(model, row.gpus, row.batch, 4096, hw)
             paper = evaluate(problem, parallel)
             out.append({"row": row.name, "method": method, "paper": paper,
-                        "over": paper.memory * (1 + problem.headroom) > problem.budget,
+                        "over": not problem.fits(paper.memory),
                         "choice": next(iter(plan(problem).layouts), None)})
     return out

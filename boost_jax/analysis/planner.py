@@ -93,6 +93,10 @@ class Problem:
         """Bytes one device may use."""
         return self.hardware.hbm_bytes * self.memory_fraction
 
+    def fits(self, memory: float) -> bool:
+        """Whether ``memory`` bytes per device, plus the headroom, are within the budget."""
+        return memory * (1 + self.headroom) <= self.budget
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -243,8 +247,7 @@ def plan(problem: Problem) -> Plan:
             invalid[str(err)] += 1
             continue
         layout = evaluate(problem, parallel)
-        fit = layout.memory * (1 + problem.headroom) <= problem.budget
-        (fits if fit else over).append(layout)
+        (fits if problem.fits(layout.memory) else over).append(layout)
     fits.sort(key=_rank_key)
     over.sort(key=lambda lay: (lay.memory, lay.step_s))
     return Plan(problem, fits, enumerated, invalid, over, time.perf_counter() - start)

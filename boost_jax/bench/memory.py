@@ -30,7 +30,7 @@ import json
 
 from absl import flags
 
-from boost_jax.analysis.gpu_target import GPU_TARGETS
+from boost_jax.analysis.gpu_target import TARGET_PROFILES  # --target -> its profile (GPUs per node)
 from boost_jax.bench.measure import format_rows, run_benchmark
 from boost_jax.cli import user_error
 from boost_jax.config import Config, ConfigError, Data, Train
@@ -47,9 +47,6 @@ ROWS = {"1b": ("1B TP1", 1, 0), "3b": ("3B TP2", 1, 0), "7b": ("7B TP4", 1, 0),
 #: devices the pipelined ones (the paper's largest), a GPU target the paper's five
 CPU_ROWS = ("13b", "13b_fsdp", "30b", "30b_fsdp")
 GPU_ROWS = ("1b", "3b", "7b", "13b", "30b")
-#: --target -> the hardware profile whose GPUs per node make the topology (the paper's A100s
-#: are 4 per node: analysis/hardware.py): plan --verify's map, inverted
-TARGET_PROFILES = {target: profile for profile, target in GPU_TARGETS.items()}
 SEQ_LEN = 4096  # the paper's sequence length (analysis/paper.py)
 GIB = 2**30
 

@@ -144,7 +144,7 @@ def model_communication(config: Config, target: str, topology: str) -> dict | No
     from boost_jax.analysis.hardware import PROFILES
     from boost_jax.analysis.perf_model import predict
 
-    profile = next((p for p, t in gpu_target.GPU_TARGETS.items() if t == target), None)
+    profile = gpu_target.TARGET_PROFILES.get(target)
     if profile is None:
         return None
     _, per_host = gpu_target.parse_topology(topology)
