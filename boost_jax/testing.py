@@ -39,13 +39,14 @@ def tiny(arch: str = "cola", **overrides) -> Model:
 
 def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targets,
                    dtype: str = "float32", gspmd: bool = False, packing: dict | None = None,
-                   devices=None):
+                   devices=None, max_segments: int | None = None):
     """Loss and parameter gradients of the global batch under ``parallel`` (on the first
     ``parallel.num_devices`` devices; ``gspmd``: its GSPMD baseline), as the train step
     computes them (accumulation and the zero stage's reduction included), as host arrays;
     ``params`` and the gradients in the canonical layout (blocks ``[L, ...]``) whatever the
     pipeline layout. ``packing``: ``segment_ids`` and ``positions`` of packed rows.
-    ``devices``: where to run (default ``jax.devices()``)."""
+    ``devices``: where to run (default ``jax.devices()``); ``max_segments``:
+    ``Data.max_segments`` (cuDNN's packed attention needs it)."""
     import jax
     import jax.numpy as jnp
 
@@ -54,7 +55,8 @@ def loss_and_grads(model: Model, parallel: Parallel, params: dict, inputs, targe
     from boost_jax.train.step import make_grad_fn
 
     mesh = make_mesh(parallel, (devices or jax.devices())[:parallel.num_devices])
-    sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype), gspmd=gspmd)
+    sharded = ShardedModel(model, parallel, mesh, jnp.dtype(dtype), gspmd=gspmd,
+                           max_segments=max_segments)
     p = jax.device_put(sharded.from_canonical(params), sharded.param_shardings)
     batch = {k: jax.device_put(v, sharded.batch_sharding)
              for k, v in {"inputs": inputs, "targets": targets, **(packing or {})}.items()}

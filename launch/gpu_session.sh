@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project from one script, for a session with one lent GPU:
 #
-#   launch/gpu_session.sh tests|step|micro|flags|all[,...]  OUT_DIR
+#   launch/gpu_session.sh STAGE[,STAGE...]  OUT_DIR
 #
-#   tests  the GPU-only tests (BOOST_JAX_GPU_TESTS=1 pytest -m gpu), then the whole suite
-#   step   bench step at the 1B shape: dense (fullrank) and svd/cola/lax (btp, TP=1), remat
-#          none / lowrank, bf16, seq 4096, batch 4 (the paper's 1B row), median of 10 steps,
-#          with the performance model's prediction for the same configuration beside it, on
-#          the hardware profile of the GPU found (h200 on an H200, else h100_sxm); the CoLA
-#          rows also write XLA's autotune results and the compiled step's HLO
-#   micro  bench gpu: cuDNN vs XLA attention at seq 4096, Triton kernels vs XLA, profile
-#   flags  one CoLA 1B step time per candidate XLA flag (boost_jax.gpu_settings), on and off
-#   all    = step,micro,tests,flags (most wanted first)
+#   gputests  the GPU-only tests (BOOST_JAX_GPU_TESTS=1 pytest -m gpu on their three files)
+#   tests     gputests, then the whole suite
+#   step      bench step at the 1B shape: dense (fullrank) and svd/cola/lax (btp, TP=1), remat
+#             none / lowrank, bf16, seq 4096, batch 4 (the paper's 1B row), median of 10 steps,
+#             with the performance model's prediction for the same configuration beside it
+#             (PREDICT=0: not), on the hardware profile of the GPU found (h200 on an H200, else
+#             h100_sxm); the CoLA rows also write XLA's autotune results and the compiled
+#             step's HLO. step:ARCH/REMAT+ARCH/REMAT... runs those rows only, in that order
+#             (step:cola/none+dense/none)
+#   micro     bench gpu: cuDNN vs XLA attention at seq 4096, Triton kernels vs XLA, profile
+#   flags     one CoLA 1B step time per candidate XLA flag (boost_jax.gpu_settings), on and off
+#   all       = step,micro,tests,flags (most wanted first)
 #
-# Stages join with commas (step,micro). Every call first installs what the image lacks: a lent
+# Stages join with commas (step,micro) and may repeat (step:cola/none,gputests,step:lax/none). Every call first installs what the image lacks: a lent
 # machine goes back shortly after each call, and the next call gets a bare one. The stages then
 # run in order under one time budget, BUDGET_S seconds (default 560, inside a 10-minute call):
 # each command gets the time left, a command that cannot start in time is listed in
 # skipped.txt, and whatever was written comes back in OUT_DIR/results.tgz (the device returns
-# at most 8 files) with summary.txt, the tables, beside it.
+# at most 8 files, 16 MiB each) with summary.txt, the tables, beside it; the CoLA rows' HLO
+# dumps and autotune results go into hlo.tgz (the largest dumps left out to keep it under
+# 15 MiB), the profile's trace stays behind (its top ops are in micro's table).
 #
 # Environment (defaults in brackets): BUDGET_S [560]; PYTHON [python3]; HARDWARE, the
 # performance model's profile [from nvidia-smi: h200 on an H200, else h100_sxm]; the shape of
 # step and flags: MODEL_SIZE [1b], LAYERS [24; lower it if a row runs out of memory], SEQ_LEN
-# [4096], BATCH [4], STEPS [10]; the rows of step: ARCHS ["cola dense svd lax"], REMATS ["none
+# [4096], BATCH [4], STEPS [10], ATTENTION [cudnn: XLA's attention keeps the [b, h, s, s]
+# scores of every layer, about 100 GiB at this shape without remat]; the rows of step: ARCHS ["cola dense svd lax"], REMATS ["none
 # lowrank"; dense takes full for lowrank]; SITE [/tmp/boost_jax_site].
 #
 # The GPU image (Python 3.12, jax 0.11.2 + jax-cuda13-plugin, triton 3.6.0, torch, flax, optax,
@@ -44,13 +50,13 @@
 # nothing is built; device.txt lists any module still missing. Without wheels312 (a CPU
 # host, or an image that has them all) nothing is installed.
 set -uo pipefail
-usage="usage: launch/gpu_session.sh tests|step|micro|flags|all[,...] OUT_DIR"
+usage="usage: launch/gpu_session.sh gputests|tests|step[:ARCH/REMAT+...]|micro|flags|all[,...] OUT_DIR"
 stages="${1:?$usage}"
 out="${2:?$usage}"
 [[ $stages == all ]] && stages=step,micro,tests,flags
 for stage in ${stages//,/ }; do
-  case "$stage" in
-    tests|step|micro|flags) ;;
+  case "${stage%%:*}" in
+    gputests|tests|step|micro|flags) ;;
     *) echo "launch/gpu_session.sh: unknown stage $stage ($usage)" >&2; exit 2 ;;
   esac
 done
@@ -63,7 +69,7 @@ steps="${STEPS:-10}"
 shape=(--gin_param="Model.size='${MODEL_SIZE:-1b}'" --gin_param="Model.n_layers=${LAYERS:-24}"
        --gin_param="Parallel.data=1" --gin_param="Parallel.tensor=1"
        --gin_param="Train.batch_size=${BATCH:-4}" --gin_param="Train.seq_len=${SEQ_LEN:-4096}"
-       --gin_param="Train.dtype='bfloat16'")
+       --gin_param="Train.dtype='bfloat16'" --gin_param="Parallel.attention='${ATTENTION:-cudnn}'")
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 if [[ -z ${HARDWARE:-} ]]; then  # the performance model's profile (analysis/hardware.py)
   case "$gpu" in
@@ -75,9 +81,18 @@ export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/boost_jax_ja
 site="${SITE:-/tmp/boost_jax_site}"
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-pack() {  # the tables beside the archive of everything
+pack() {  # the tables beside the archive of everything but the dumps and traces
   cat "$work"/*.txt > "$out/summary.txt" 2>/dev/null
-  tar czf "$out/results.tgz" -C "$(dirname "$work")" results
+  tar czf "$out/results.tgz" -C "$(dirname "$work")" --exclude=hlo --exclude=trace \
+    --exclude=autotune.textproto results
+  # the dumps: every row's autotune results and, smallest first, HLO files up to ~15 MiB
+  (cd "$work" && { ls -1 ./*/autotune.textproto 2>/dev/null
+    find . -path '*/hlo/*' -name '*.txt' -type f -printf '%s %p\n' 2>/dev/null | sort -n |
+      awk '{ total += $1; if (total < 60 * 2^20) print $2 }'; } > "$work/../dumps.lst"
+    [[ -s ../dumps.lst ]] && tar czf "$out/hlo.tgz" -T ../dumps.lst)
+  if [[ -f $out/hlo.tgz ]] && (($(stat -c %s "$out/hlo.tgz") > 15 * 2**20)); then
+    echo "hlo.tgz over 15 MiB: removed" >> "$out/summary.txt"; rm -f "$out/hlo.tgz"
+  fi
   rm -rf "$(dirname "$work")"
 }
 trap pack EXIT
@@ -90,7 +105,9 @@ timed() {  # timed NAME CMD...: CMD under the time left, its output in NAME.txt
     return 0
   fi
   echo "== $name" | tee -a "$work/$name.txt"
+  local t0=$SECONDS
   timeout "$left" "$@" 2>&1 | tee -a "$work/$name.txt" | tail -15
+  echo "$name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$work/$name.txt"
 }
 
 setup() {  # the wheels (when there are any), then what this host is and still lacks
@@ -99,7 +116,8 @@ setup() {  # the wheels (when there are any), then what this host is and still l
       wheels312/*.whl || exit 1
   fi
   {
-    echo "gpu: ${gpu:-none found}; performance model profile: $HARDWARE"
+    echo "gpu: ${gpu:-none found}; performance model profile: $HARDWARE; $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
     "$py" - <<'PY'
 import importlib
 import importlib.metadata as md
@@ -127,37 +145,51 @@ PY
   } 2>&1 | tee "$work/device.txt"
 }
 
+gputests() {
+  BOOST_JAX_GPU_TESTS=1 timed tests_gpu "$py" -m pytest -m gpu -v -rs -rP -n 0 \
+    -p no:cacheprovider tests/kernels/test_triton_gpu.py tests/models/test_attention_gpu.py \
+    tests/parallel/test_plans_gpu.py
+}
+
 tests() {
-  BOOST_JAX_GPU_TESTS=1 timed tests_gpu "$py" -m pytest -m gpu -q -rs -p no:cacheprovider
+  gputests
   timed tests_all "$py" -m pytest -q -n 8 -p no:cacheprovider
 }
 
-step() {
-  eval "$("$py" -m boost_jax.gpu_settings --shell)"
-  for arch in ${ARCHS:-cola dense svd lax}; do
-    plan=btp; [[ $arch == dense ]] && plan=fullrank
-    for remat in ${REMATS:-none lowrank}; do
-      [[ $arch == dense && $remat == lowrank ]] && remat=full
-      name="step_${arch}_${remat}"
-      # the CoLA rows also keep XLA's autotune results and the compiled step's program, so
-      # that a CPU host's deviceless compile (tools/gpu_compile.py) can load the former
-      # (--xla_gpu_load_autotune_results_from) and be compared with the latter
-      dumps=""
-      [[ $arch == cola ]] && dumps="--xla_gpu_dump_autotune_results_to=$work/$name/autotune.textproto
-        --xla_dump_to=$work/$name/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step"
-      XLA_FLAGS="$XLA_FLAGS ${dumps//$'\n'/ }" timed "$name" "$py" -m boost_jax.bench step \
-        --plans=$plan --steps="$steps" --out="$work/$name" "${shape[@]}" \
-        --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'"
-      timed "${name}_model" "$py" -m boost_jax.bench model --hardware="$HARDWARE" "${shape[@]}" \
-        --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
-        --gin_param="Parallel.tp_plan='$plan'"
+step() {  # step [ARCH/REMAT+...]: those rows, else every ARCHS x REMATS
+  local rows="${1:-}" arch remat
+  if [[ -z $rows ]]; then
+    for arch in ${ARCHS:-cola dense svd lax}; do
+      for remat in ${REMATS:-none lowrank}; do rows+="${rows:++}$arch/$remat"; done
     done
+  fi
+  eval "$("$py" -m boost_jax.gpu_settings --shell)"
+  for row in ${rows//+/ }; do
+    arch=${row%/*} remat=${row#*/}
+    plan=btp; [[ $arch == dense ]] && plan=fullrank
+    [[ $arch == dense && $remat == lowrank ]] && remat=full
+    name="step_${arch}_${remat}"
+    # the CoLA rows also keep XLA's autotune results and the compiled step's program, so
+    # that a CPU host's deviceless compile (tools/gpu_compile.py) can load the former
+    # (--xla_gpu_load_autotune_results_from) and be compared with the latter
+    dumps=""
+    [[ $arch == cola ]] && dumps="--xla_gpu_dump_autotune_results_to=$work/$name/autotune.textproto
+      --xla_dump_to=$work/$name/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step"
+    XLA_FLAGS="$XLA_FLAGS ${dumps//$'\n'/ }" timed "$name" "$py" -m boost_jax.bench step \
+      --plans=$plan --steps="$steps" --out="$work/$name" "${shape[@]}" \
+      --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
+      --gin_param="Parallel.tp_plan='$plan'"
+    [[ ${PREDICT:-1} == 0 ]] && continue
+    timed "${name}_model" "$py" -m boost_jax.bench model --hardware="$HARDWARE" "${shape[@]}" \
+      --gin_param="Model.arch='$arch'" --gin_param="Parallel.remat='$remat'" \
+      --gin_param="Parallel.tp_plan='$plan'"
   done
 }
 
 micro() {
   eval "$("$py" -m boost_jax.gpu_settings --shell)"
-  timed micro "$py" -m boost_jax.bench gpu --out="$work" --steps=20
+  timed micro "$py" -m boost_jax.bench gpu --out="$work" --steps=20 \
+    --gin_param="Parallel.attention='${ATTENTION:-cudnn}'"
 }
 
 flags() {
@@ -175,5 +207,5 @@ flags() {
 
 setup
 for stage in ${stages//,/ }; do
-  "$stage"
+  if [[ $stage == *:* ]]; then "${stage%%:*}" "${stage#*:}"; else "$stage"; fi
 done

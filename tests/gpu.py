@@ -18,4 +18,6 @@ def gpu_device():
 
 
 def needs_jax_triton():
-    pytest.importorskip("jax_triton", reason="needs jax-triton (pip install -e \".[gpu]\")")
+    # ImportError too: jax-triton raises it on import where JAX has no GPU backend
+    pytest.importorskip("jax_triton", reason="needs jax-triton (pip install -e \".[gpu]\")",
+                        exc_type=ImportError)

@@ -54,7 +54,10 @@ def random_batch(rng, vocab: int, batch: int, seq_len: int, packed: bool = False
 def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     """The communication report of ``config``'s compiled train step plus its median time over
     ``steps`` steps on random tokens (after one warm-up step); ``gspmd``: the GSPMD baseline
-    with the plan's parameter shardings."""
+    with the plan's parameter shardings. Also ``compile_s`` (the step's trace and compile),
+    ``first_step_s`` (the warm-up step: on a GPU, autotuning and module load) and, where the
+    device's allocator reports it (a GPU's), ``peak_bytes``: the most device memory in use at
+    once, parameters, optimizer state and batch included, over the process so far."""
     import jax
     import numpy as np
 
@@ -62,21 +65,25 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     from boost_jax.train.step import init_state, stop_flags
 
     t = config.train
+    start = time.perf_counter()
     model, opt, compiled = compile_step(config, gspmd=gspmd)
+    compile_s = time.perf_counter() - start
     rep = build_report(config, compiled=compiled, mesh=model.mesh, gspmd=gspmd)
     state, stop = init_state(model, opt, t.seed), stop_flags(model)
     rng = np.random.default_rng(0)
     times = []
-    for i in range(steps + 1):
+    for _ in range(steps + 1):
         batch = random_batch(rng, config.model.vocab_size, t.batch_size, t.seq_len,
                              config.data.packing == "document")
         batch = {k: jax.device_put(v, model.batch_sharding) for k, v in batch.items()}
         start = time.perf_counter()
         state, metrics = compiled(state, batch, stop)
         jax.block_until_ready((state, metrics))
-        if i:
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
+    rep["compile_s"], rep["first_step_s"] = compile_s, times.pop(0)
     rep["median_step_s"] = statistics.median(times)
+    stats = jax.devices()[0].memory_stats() or {}  # None on CPU
+    rep["peak_bytes"] = stats.get("peak_bytes_in_use")
     rep["tokens_per_s"] = t.batch_size * t.seq_len / rep["median_step_s"]
     return rep
 

@@ -49,6 +49,8 @@ def bench_row(config: Config, label: str, gspmd: bool, steps: int, peak: float |
             "tokens_per_s": rep["tokens_per_s"], "tflops_per_device": per_device / 1e12,
             "mfu": None if peak is None else per_device / peak,
             "temp_mib": rep["memory"].get("temp_size_in_bytes", 0) / 2**20,
+            "peak_mib": None if rep["peak_bytes"] is None else rep["peak_bytes"] / 2**20,
+            "compile_s": rep["compile_s"], "first_step_s": rep["first_step_s"],
             "tp_collectives_per_step": tensor["count"], "tp_bytes_per_step": tensor["bytes"],
             "tp_elements_per_layer_token": m["layer_fwd"] + m["layer_bwd"],
             "tp_bytes_per_layer_token": m["layer_fwd_bytes"] + m["layer_bwd_bytes"]}
@@ -56,12 +58,13 @@ def bench_row(config: Config, label: str, gspmd: bool, steps: int, peak: float |
 
 def format_table(rows: list[dict]) -> str:
     head = (f"{'row':<16}{'arch':<7}{'step s':>9}{'tok/s':>9}{'MFU':>7}{'temp MiB':>10}"
-            f"{'TP colls':>10}{'TP MiB/step':>13}{'TP elem/layer/tok':>19}")
+            f"{'peak MiB':>10}{'TP colls':>10}{'TP MiB/step':>13}{'TP elem/layer/tok':>19}")
     lines = [head, "-" * len(head)]
     for r in rows:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        peak = "n/a" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
         lines.append(f"{r['row']:<16}{r['arch']:<7}{r['median_step_s']:>9.3f}"
-                     f"{r['tokens_per_s']:>9.0f}{mfu:>7}{r['temp_mib']:>10.0f}"
+                     f"{r['tokens_per_s']:>9.0f}{mfu:>7}{r['temp_mib']:>10.0f}{peak:>10}"
                      f"{r['tp_collectives_per_step']:>10}{r['tp_bytes_per_step'] / 2**20:>13.2f}"
                      f"{r['tp_elements_per_layer_token']:>19.0f}")
     by = {r["row"]: r for r in rows}
