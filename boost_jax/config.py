@@ -1,5 +1,5 @@
 """Gin-configurable configuration: ``Model`` (defined in models/config.py), ``Parallel``, ``Train``
-and ``Data``, and ``Config``, the four together.
+and ``Data`` (defined in data/config.py), and ``Config``, the four together.
 
 Each class is a frozen dataclass whose fields are the public gin bindings
 (``--gin_param=Model.arch='svd'``), each with its one-line meaning (``--print_config`` lists
@@ -20,6 +20,7 @@ from boost_jax.config_fields import check as _check
 from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
 from boost_jax.config_fields import set_values as _set
+from boost_jax.data.config import PACKINGS, Data  # noqa: F401  (re-exported, as Model is)
 from boost_jax.errors import ConfigError  # noqa: F401  (re-exported: the one error type)
 from boost_jax.models.config import (  # noqa: F401  (re-exported: the four groups here)
     ARCHS,
@@ -36,7 +37,6 @@ NORM_PAYLOADS = ("lanes", "compute", "float32")
 REMATS = ("none", "full", "lowrank", "lowrank_attn")
 SCHEDULES = ("gpipe", "circular")
 DTYPES = ("float32", "bfloat16")
-PACKINGS = ("concat", "document")
 NONFINITE = ("stop", "skip")
 OPTIMIZERS = ("adamw", "loro")
 LORO_REGULARS = ("authors", "adamw")
@@ -283,48 +283,6 @@ class Train:
     def horizon(self) -> int:
         """Steps over which the learning-rate schedule decays."""
         return self.schedule_steps or self.steps
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class Data:
-    """Where tokens come from.
-
-    ``path`` is a directory written by ``python -m boost_jax.data.prepare`` or
-    ``bundled:<name>`` for a corpus shipped with the package (prepared into ``cache_dir`` on
-    first use with ``tokenizer``).
-    """
-
-    path: str = _field("bundled:shakespeare", "a directory written by boost_jax.data.prepare, "
-                       "or bundled:<name> for a corpus shipped with the package", NOTE)
-    tokenizer: str = _field("bpe:4096", "bundled corpora: bpe:<vocab> | llama32k | "
-                            "spm:<file>", MATCH)
-    eval_fraction: float = _field(0.02, "bundled corpora: share of documents held out", NOTE)
-    worker_count: int = _field(0, "grain worker processes (0: in-process)", MATCH)
-    device_prefetch: int = _field(2, "global batches a background thread puts on the devices "
-                                  "ahead of the step that takes them (0: each when its step "
-                                  "starts)", FREE)
-    cache_dir: str | None = _field(None, "where bundled corpora are prepared (None: "
-                                   "$BOOST_JAX_CACHE or ~/.cache/boost_jax)", FREE)
-    packing: str = _field("concat", "concat (windows over concatenated documents) | document "
-                          "(whole documents packed into rows, attention masked to each)", MATCH)
-    packing_bins: int = _field(64, "document packing: rows packed together (the global batch "
-                               "is cut into groups of this many)", MATCH)
-    max_segments: int | None = _field(None, "document packing: at most this many documents "
-                                      "per row (None: no bound); cuDNN's packed attention "
-                                      "needs it", MATCH)
-
-    def __post_init__(self):
-        _check_types(self)
-        _check(self.packing_bins >= 1, f"Data.packing_bins={self.packing_bins} must be >= 1")
-        _check(self.max_segments is None or self.max_segments >= 1,
-               f"Data.max_segments={self.max_segments} must be >= 1 or None")
-        _check(self.packing in PACKINGS,
-               f"Data.packing={self.packing!r} must be one of {', '.join(PACKINGS)}")
-        _check(0.0 < self.eval_fraction < 0.5,
-               f"Data.eval_fraction={self.eval_fraction} must be in (0, 0.5)")
-        for name in ("worker_count", "device_prefetch"):
-            _check(getattr(self, name) >= 0, f"Data.{name}={getattr(self, name)} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,9 +6,11 @@
 Each flag is listed with why it is set and its status: ``default`` flags are set by the
 launchers, ``pipeline`` flags too when ``BOOST_JAX_XLA_PIPELINE=1``; ``candidate`` flags are
 timed on and off (one train step per setting) by ``launch/gpu_session.sh`` and become
-``default`` only when that measurement says they help. No flag here has been measured on a GPU
-yet: the defaults are the starting point MaxText's GPU configurations and JAX's GPU
-performance guide use.
+``default`` only when that measurement says they help. The defaults are the starting point
+MaxText's GPU configurations and JAX's GPU performance guide use. Measured on one H200
+(2026-11-28, the CoLA 1B step; docs/BENCHMARKS.md "On a GPU"): no candidate helped -- one GPU
+has no collective for the collective flags to act on; command buffers off and Triton GEMMs off
+cost 1.5 and 2.3 % -- so nothing changed status; the collective flags need several GPUs.
 
 A variable already in the environment wins: ``XLA_FLAGS`` given by the user replaces these flags
 (``--append`` adds the user's after them), ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is kept.

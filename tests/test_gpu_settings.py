@@ -63,10 +63,11 @@ def test_gpu_session_script_keeps_to_its_budget(tmp_path):
 
 
 def test_gpu_session_runs_the_step_stage_on_cpu(tmp_path):
-    """launch/gpu_session.sh step for real, at a tiny shape (MODEL_SIZE, LAYERS, SEQ_LEN, BATCH,
-    STEPS, ARCHS, REMATS) on the CPU without wheels: nvidia-smi (a stand-in) names an H200, so
-    the performance model predicts on the h200 profile; device.txt (versions, missing modules),
-    the measured row, the prediction and bench.json come back in summary.txt and results.tgz."""
+    """launch/gpu_session.sh step:cola/none for real, at a tiny shape (MODEL_SIZE, LAYERS,
+    SEQ_LEN, BATCH, STEPS; XLA's attention) on the CPU without wheels: nvidia-smi (a stand-in)
+    names an H200, so the performance model predicts on the h200 profile; device.txt
+    (versions, missing modules), the measured row, the prediction and bench.json come back in
+    summary.txt and results.tgz, the row's program in hlo.tgz."""
     import json
     import os
     import re
@@ -80,12 +81,13 @@ def test_gpu_session_runs_the_step_stage_on_cpu(tmp_path):
     smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
     smi.chmod(0o755)
     env = dict(os.environ, PYTHON=sys.executable, BUDGET_S="240", MODEL_SIZE="tiny",
-               LAYERS="2", SEQ_LEN="32", BATCH="2", STEPS="2", ARCHS="cola", REMATS="none",
+               LAYERS="2", SEQ_LEN="32", BATCH="2", STEPS="2", ATTENTION="xla",
                SITE=str(tmp_path / "site"), PATH=f"{bin_dir}:{os.environ['PATH']}")
     env.pop("HARDWARE", None)
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(repo / "launch" / "gpu_session.sh"), "step", str(out)],
-                          capture_output=True, text=True, env=env, cwd=repo, timeout=200)
+    done = subprocess.run(["bash", str(repo / "launch" / "gpu_session.sh"), "step:cola/none",
+                           str(out)], capture_output=True, text=True, env=env, cwd=repo,
+                          timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
     assert "gpu: NVIDIA H200; performance model profile: h200" in summary
@@ -96,5 +98,8 @@ def test_gpu_session_runs_the_step_stage_on_cpu(tmp_path):
         names = tar.getnames()
         bench = json.load(tar.extractfile("results/step_cola_none/bench.json"))
     assert "results/skipped.txt" not in names
+    assert "step_cola_none: exit 0 after " in summary
+    with tarfile.open(out / "hlo.tgz") as tar:  # the CoLA row's dumps: autotuning, programs
+        assert any(n.endswith("after_optimizations.txt") for n in tar.getnames())
     assert [r["row"] for r in bench["rows"]] == ["btp"] and bench["config"]["Model"]["size"] \
         == "tiny"

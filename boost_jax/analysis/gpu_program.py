@@ -166,18 +166,22 @@ def layer_loop_residuals(hlo: str, seq_len: int) -> list[dict]:
     return out
 
 
-def memory(compiled, capacity_bytes: int) -> dict:
+def memory(compiled, capacity_bytes: int, unsized: int = 0) -> dict:
     """Per-device memory of a compiled program (``memory_analysis()``): arguments (parameters,
     optimizer state, the batch), outputs, what outputs alias of the arguments (donated),
     temporaries, the generated code; ``total`` = arguments + outputs - aliased + temporaries
-    + code; against the device's ``capacity_bytes``: ``fits`` and ``headroom_bytes``."""
+    + code; against the device's ``capacity_bytes``: ``fits`` and ``headroom_bytes``, which
+    also count ``unsized``: what the program holds on a GPU but a compile without one sizes 0
+    (cuDNN attention's workspace: the performance model's ``cudnn_workspace``, which equalled
+    the device program's buffer to 256 B on an H200, 2026-11-28)."""
     mem = compiled.memory_analysis()
     sizes = {k: int(getattr(mem, f"{k}_size_in_bytes")) for k in
              ("argument", "output", "alias", "temp", "generated_code")}
     total = (sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
              + sizes["generated_code"])
-    return {**sizes, "total": total, "capacity": capacity_bytes,
-            "fits": total <= capacity_bytes, "headroom": capacity_bytes - total}
+    return {**sizes, "total": total, "unsized": unsized, "capacity": capacity_bytes,
+            "fits": total + unsized <= capacity_bytes,
+            "headroom": capacity_bytes - total - unsized}
 
 
 # --- XLA's latency-hiding schedule (--xla_dump_latency_hiding_schedule) ----------------------

@@ -74,7 +74,7 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     times = []
     for _ in range(steps + 1):
         batch = random_batch(rng, config.model.vocab_size, t.batch_size, t.seq_len,
-                             config.data.packing == "document")
+                             config.data.packed)
         batch = {k: jax.device_put(v, model.batch_sharding) for k, v in batch.items()}
         start = time.perf_counter()
         state, metrics = compiled(state, batch, stop)

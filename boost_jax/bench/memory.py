@@ -130,8 +130,9 @@ def measure_gpu_row(config: Config, target: str) -> dict:
     m, par, t = config.model, config.parallel, config.train
     topo = topology(config, target)
     built = compile_for_gpu(config, target, topo)
-    mem = gpu_program.memory(built.compiled, built.target.memory_bytes)
     model = model_memory(config, built.model)
+    mem = gpu_program.memory(built.compiled, built.target.memory_bytes,
+                             int(model.get("cudnn_workspace", 0)))
     schedule = (f"{par.pipeline_schedule}:{par.repeats}" if par.repeats > 1
                 else par.pipeline_schedule if par.pipe > 1 else "-")
     stages, iterations = par.pipe, par.repeats * par.microbatches + par.pipe - 1

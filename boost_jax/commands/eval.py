@@ -128,6 +128,9 @@ def _print_perplexity(trained, result) -> None:
     say(f"eval split  {result.eval_split}")
     say(f"loss        {result.loss:.4f}")
     say(f"perplexity  {result.perplexity:.2f}")
+    say(f"            (the mean over every token evaluated; by the low-rank papers' definition, "
+        f"the {result.batches} batches' mean losses summed over {result.batches + 1}: loss "
+        f"{result.cola_loss:.4f}, perplexity {result.cola_perplexity:.2f})")
     say(f"tokens      {result.tokens:,} in {result.batches} batches of {result.batch_size} x "
         f"{result.seq_len}{left}")
     say(f"mesh        {mesh}, {result.dtype}, {duration(result.seconds)}")

@@ -1,4 +1,5 @@
-"""Document packing (``Data.packing='document'``): whole documents, first-fit into rows.
+"""Document packing (``Data.packing='document'``): whole documents, first-fit into rows; and
+one padded document per row (``Data.packing='pad'``, :class:`DocumentRows`).
 
 A split's documents come from the shards' document offsets (data/prepare.py); a document that
 straddles a shard's train/eval cut is cut there too. Document ``t_0 .. t_{n-1}`` (its last token
@@ -61,6 +62,24 @@ class _SplitDocuments:
         return o[self.first:] - starts[:self.count]
 
 
+def _split_documents(path: Path, split: str, packing: str
+                     ) -> tuple[int, list[np.ndarray], list[_SplitDocuments], np.ndarray]:
+    """A prepared dataset's split as documents: the end-of-text id, each shard's tokens
+    (memory-mapped), its documents in the split, and the global index of each shard's first
+    document (nothing per document is read)."""
+    meta = read_manifest(path)
+    if meta.get("format", 1) < 2:
+        raise ValueError(f"{path}: Data.packing={packing!r} needs document offsets; prepare "
+                         "the dataset again (format 2)")
+    dtype, tokens, docs = np.dtype(meta["dtype"]), [], []
+    for shard in meta["shards"]:
+        shard_dir = path / "shards"
+        tokens.append(np.memmap(shard_dir / shard["file"], dtype, "r", shape=(shard["tokens"],)))
+        offsets = np.load(shard_dir / shard["docs"], mmap_mode="r")
+        docs.append(_SplitDocuments(offsets, shard["train_tokens"], split))
+    return int(meta["eos_id"]), tokens, docs, np.cumsum([0] + [d.count for d in docs])
+
+
 def _index_path(path: Path, split: str, seq_len: int, cache_dir: Path) -> Path:
     digest = hashlib.sha1((path / "manifest.json").read_bytes()).hexdigest()[:16]
     return cache_dir / "pieces" / f"{digest}-{split}-{seq_len}.bin"
@@ -74,21 +93,8 @@ class DocumentPieces:
     def __init__(self, path: str | Path, split: str, seq_len: int, cache_dir: str | Path):
         self.path, self.split, self.seq_len = Path(path), split, seq_len
         self.cache_dir = Path(cache_dir)
-        meta = read_manifest(self.path)
-        if meta.get("format", 1) < 2:
-            raise ValueError(f"{path}: Data.packing='document' needs document offsets; "
-                             "prepare the dataset again (format 2)")
-        self.eos = int(meta["eos_id"])
-        dtype = np.dtype(meta["dtype"])
-        self.tokens, self.docs = [], []
-        for shard in meta["shards"]:
-            shard_dir = self.path / "shards"
-            self.tokens.append(np.memmap(shard_dir / shard["file"], dtype, "r",
-                                         shape=(shard["tokens"],)))
-            offsets = np.load(shard_dir / shard["docs"], mmap_mode="r")
-            self.docs.append(_SplitDocuments(offsets, shard["train_tokens"], split))
-        # the global document index of each shard's first document
-        self.first_doc = np.cumsum([0] + [d.count for d in self.docs])
+        self.eos, self.tokens, self.docs, self.first_doc = _split_documents(
+            self.path, split, "document")
         self.ends = self._piece_ends()
         self.n = int(self.ends[-1]) if len(self.ends) else 0
 
@@ -130,6 +136,50 @@ class DocumentPieces:
 
     def __getstate__(self):
         return (self.path, self.split, self.seq_len, self.cache_dir)
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+
+class DocumentRows:
+    """grain random-access source for ``Data.packing='pad'`` (the low-rank papers' rows,
+    alvin-zyl/CoLA ``pretraining_utils/dataloader.py``: each document tokenized with
+    ``truncation=True, padding="max_length"``): element ``i`` is document ``i`` of the split
+    as one row of ``seq_len`` tokens -- its first ``seq_len``, and when it is longer, its
+    first ``seq_len - 1`` and its last token, the end-of-text id, as a Hugging Face tokenizer
+    truncates a template that appends it (t5's) -- as int32 ``[seq_len]`` arrays: ``inputs``
+    the row but its last token, ``targets`` the row but its first (the papers' labels, shifted
+    inside their model), then padding: ``segment_ids`` 1 on the row's targets, 0 on padding,
+    which the loss skips, and ``positions`` from 0. A row of ``m`` tokens has ``m - 1``
+    targets; the papers count ``m`` tokens seen (their non-pad inputs)."""
+
+    def __init__(self, path: str | Path, split: str, seq_len: int):
+        self.path, self.split, self.seq_len = Path(path), split, seq_len
+        self.eos, self.tokens, self.docs, self.first_doc = _split_documents(
+            self.path, split, "pad")
+
+    def __len__(self) -> int:
+        return int(self.first_doc[-1])
+
+    def row(self, i: int) -> np.ndarray:
+        """Document ``i``'s row: at most ``seq_len`` tokens, the end-of-text id kept last."""
+        shard = int(np.searchsorted(self.first_doc, int(i), side="right")) - 1
+        start, end = self.docs[shard].bounds(int(i) - int(self.first_doc[shard]))
+        if end - start <= self.seq_len:
+            return np.asarray(self.tokens[shard][start:end], np.int32)
+        head = np.asarray(self.tokens[shard][start:start + self.seq_len - 1], np.int32)
+        return np.concatenate([head, [self.eos]]).astype(np.int32)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        row = self.row(i)
+        n = len(row) - 1  # targets
+        out = {k: np.zeros(self.seq_len, np.int32) for k in PACKED}
+        out["inputs"][:n], out["targets"][:n] = row[:-1], row[1:]
+        out["segment_ids"][:n], out["positions"][:n] = 1, np.arange(n)
+        return out
+
+    def __getstate__(self):
+        return (self.path, self.split, self.seq_len)
 
     def __setstate__(self, state):
         self.__init__(*state)

@@ -6,6 +6,10 @@ runs across the documents of a window), shuffled per epoch with the seed, repeat
 batched into *global* batches of ``batch_size`` windows. Elements are ``{"inputs", "targets"}``
 int32 ``[rows, seq_len]``.
 
+``Data.packing='pad'``: one document per row (data/packing.py :class:`DocumentRows`), cut to
+``seq_len`` and padded, with ``segment_ids`` and ``positions`` that mark the padding: shuffled,
+repeated and batched as ``concat``'s windows are, and read in order for eval.
+
 ``Data.packing='document'``: whole documents, shuffled, packed first-fit into rows with their
 ``segment_ids`` and ``positions`` (data/packing.py): attention stays within a document and the
 loss skips padding. The global batch is packed in groups of ``Data.packing_bins`` rows; a
@@ -37,7 +41,7 @@ from absl import logging
 
 from boost_jax.config import ConfigError, Data
 from boost_jax.data.manifest import fingerprint
-from boost_jax.data.packing import DocumentPieces, packed_batches
+from boost_jax.data.packing import DocumentPieces, DocumentRows, packed_batches
 from boost_jax.data.prepare import default_cache_dir, ensure_bundled, read_manifest
 
 _ENDLESS = 2**62
@@ -125,6 +129,23 @@ class Dataset:
     def pieces(self, split: str, seq_len: int) -> DocumentPieces:
         return DocumentPieces(self.path, split, seq_len, self.cache_dir)
 
+    def rows(self, split: str, seq_len: int) -> DocumentRows:
+        return DocumentRows(self.path, split, seq_len)
+
+    def sequences(self, split: str, seq_len: int) -> TokenWindows | DocumentRows:
+        """The elements of a stream that is not packed: ``concat``'s windows, or ``pad``'s
+        rows (one document each)."""
+        return self.rows(split, seq_len) if self.data.packing == "pad" else \
+            self.windows(split, seq_len)
+
+    def describe(self, split: str, seq_len: int) -> str:
+        """How many elements the split has, in words (for messages)."""
+        if self.data.packing == "concat":
+            return f"{len(self.windows(split, seq_len))} windows of {seq_len + 1} tokens"
+        if self.data.packing == "pad":
+            return f"{len(self.rows(split, seq_len))} documents"
+        return f"{len(self.pieces(split, seq_len))} document pieces"
+
 
 def open_dataset(data: Data) -> Dataset:
     """Resolve ``Data.path`` (preparing a bundled corpus on first use) and check it."""
@@ -146,9 +167,9 @@ def open_dataset(data: Data) -> Dataset:
         raise ConfigError(f"Data.path={data.path!r}: its manifest is not valid JSON ({err}); "
                           f"{verify}, or prepare the dataset again") from None
     if meta.get("format", 1) < 2:
-        if data.packing == "document":
-            raise ConfigError(f"Data.path={data.path!r}: Data.packing='document' needs the "
-                              "document offsets of format 2; prepare the dataset again")
+        if data.packed:
+            raise ConfigError(f"Data.path={data.path!r}: Data.packing={data.packing!r} needs "
+                              "the document offsets of format 2; prepare the dataset again")
         files = [path / f"{split}.npy" for split in ("train", "eval")]
     else:
         files = [path / "shards" / s[k] for s in meta["shards"] for k in ("file", "docs")]
@@ -220,10 +241,10 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
         it = packed_batches(pieces, global_batch, rows, seed, ds.data.packing_bins,
                             ds.data.max_segments)
     else:
-        windows = ds.windows("train", seq_len)
+        windows = ds.sequences("train", seq_len)
         if len(windows) < global_batch:
-            raise _too_short(ds, "train", f"has {len(windows)} windows of {seq_len + 1} tokens, "
-                             f"fewer than Train.batch_size={global_batch}",
+            raise _too_short(ds, "train", f"has {ds.describe('train', seq_len)}, fewer than "
+                             f"Train.batch_size={global_batch}",
                              f"lower Train.batch_size to at most {len(windows)} or "
                              "Train.seq_len, or use a larger corpus")
         stream = grain.MapDataset.source(windows).seed(seed).shuffle().repeat(None)
@@ -251,12 +272,12 @@ def iter_eval_batches(ds: Dataset, seq_len: int, global_batch: int,
             packed_batches(pieces, global_batch, rows, None, ds.data.packing_bins,
                            ds.data.max_segments), max_batches)
         return
-    windows = ds.windows("eval", seq_len)
+    windows = ds.sequences("eval", seq_len)
     pick = _ProcessRows(windows, global_batch, rows)
     n = len(windows) // global_batch
     for b in range(n if max_batches is None else min(n, max_batches)):
         items = [pick(b * pick.local + j) for j in range(pick.local)]
-        yield {k: np.stack([it[k] for it in items]) for k in ("inputs", "targets")}
+        yield {k: np.stack([it[k] for it in items]) for k in items[0]}
 
 
 def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
@@ -270,6 +291,6 @@ def eval_batches(ds: Dataset, seq_len: int, global_batch: int, n_batches: int,
         _no_eval(ds, f"its {len(ds.pieces('eval', seq_len))} documents cannot fill one batch "
                  f"of {global_batch} packed rows")
     elif not out:
-        _no_eval(ds, f"its {len(ds.windows('eval', seq_len))} windows of {seq_len + 1} tokens "
-                 f"cannot fill one batch of Train.batch_size={global_batch}")
+        _no_eval(ds, f"its {ds.describe('eval', seq_len)} cannot fill one batch of "
+                 f"Train.batch_size={global_batch}")
     return out

@@ -8,8 +8,9 @@ as the mesh says), summed by the trainer's own :func:`~boost_jax.train.step.eval
 full global batch of the eval split is evaluated, in order (or the
 first ``max_batches``); the first ``Train.eval_batches`` of them are the batches the trainer
 evaluates. The loss is the mean over every token evaluated (token-weighted across batches, so
-packed batches with padding count right); windows of a ``concat`` split that cannot fill a
-last global batch are left out and counted in :attr:`Perplexity.left_out`.
+packed batches with padding count right); windows of a ``concat`` split (documents of a
+``pad`` one) that cannot fill a last global batch are left out and counted in
+:attr:`Perplexity.left_out`.
 
 Configuration (:func:`eval_config`): the run's own config (from its checkpoint's metadata),
 with the mesh (``Parallel.*``), the data (``Data.*``, ``path``), ``seq_len``, ``batch_size``
@@ -49,8 +50,8 @@ class Perplexity:
     loss: float  # mean next-token cross-entropy (nats) over the tokens evaluated
     tokens: int  # tokens evaluated (targets that count in the loss)
     batches: int  # global batches evaluated
-    left_out: int | None  # concat: eval windows not evaluated (a partial last batch, or
-    # beyond max_batches); None for document packing
+    left_out: int | None  # concat (pad): eval windows (documents) not evaluated (a partial
+    # last batch, or beyond max_batches); None for document packing
     seq_len: int
     batch_size: int
     data: str
@@ -58,15 +59,24 @@ class Perplexity:
     dtype: str
     seconds: float
     eval_split: str = ""  # what the eval split is (data/prepare.py: eval_split_label)
+    #: the CoLA/LORO/GaLore papers' definition of the same batches
+    #: (:attr:`~boost_jax.train.step.EvalTotals.cola_loss`)
+    cola_loss: float = float("nan")
 
     @property
     def perplexity(self) -> float:
+        """``exp(loss)``: this project's definition (token-weighted)."""
         return math.exp(self.loss)
+
+    @property
+    def cola_perplexity(self) -> float:
+        """``exp(cola_loss)``: the low-rank papers' definition."""
+        return math.exp(self.cola_loss)
 
     def to_dict(self) -> dict:
         return {"loss": self.loss, "perplexity": self.perplexity,
                 **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                   if f.name != "loss"}}
+                   if f.name != "loss"}, "cola_perplexity": self.cola_perplexity}
 
 
 # --- configuration ------------------------------------------------------------------------
@@ -127,10 +137,7 @@ def _check_data(ds: Dataset, config: Config) -> None:
 
 def _no_batches(ds: Dataset, config: Config) -> ConfigError:
     t = config.train
-    if ds.data.packing == "document":
-        what = f"has {len(ds.pieces('eval', t.seq_len))} document pieces"
-    else:
-        what = f"has {len(ds.windows('eval', t.seq_len))} windows of {t.seq_len + 1} tokens"
+    what = f"has {ds.describe('eval', t.seq_len)}"
     return ConfigError(f"Data.path={config.data.path!r}: the eval split {what}, not enough "
                        f"for one batch of --batch_size={t.batch_size}; lower --batch_size or "
                        "--seq_len, or prepare the data with a larger --eval_fraction")
@@ -153,12 +160,12 @@ def evaluate_perplexity(params: dict, config: Config,
     ds = open_dataset_on_all(config.data)
     _check_data(ds, config)
     model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype),
-                         max_segments=config.data.max_segments)
+                         max_segments=config.data.segment_bound)
     placed = place_params(model, params)
     eval_step = make_eval_step(model)
     rows = local_batch_rows(mesh, t.batch_size)
-    total = len(ds.windows("eval", t.seq_len)) // t.batch_size \
-        if ds.data.packing == "concat" else None
+    total = len(ds.sequences("eval", t.seq_len)) // t.batch_size \
+        if ds.data.packing != "document" else None
     if total is not None and max_batches is not None:
         total = min(total, max_batches)
     shown = time.perf_counter()
@@ -179,9 +186,9 @@ def evaluate_perplexity(params: dict, config: Config,
     if batches == 0:
         raise _no_batches(ds, config)
     left_out = None
-    if ds.data.packing == "concat":
-        left_out = len(ds.windows("eval", t.seq_len)) - batches * t.batch_size
+    if ds.data.packing != "document":
+        left_out = len(ds.sequences("eval", t.seq_len)) - batches * t.batch_size
     return Perplexity(totals.loss, totals.tokens, batches, left_out, t.seq_len, t.batch_size,
                       config.data.path, dict(mesh.shape), t.dtype, time.perf_counter() - start,
-                      eval_split_label(ds.meta))
+                      eval_split_label(ds.meta), totals.cola_loss)
 

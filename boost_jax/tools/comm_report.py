@@ -66,9 +66,9 @@ def compile_step(config: Config, devices=None, gspmd: bool = False,
 
     t = config.train
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel, devices),
-                         jnp.dtype(t.dtype), gspmd=gspmd, max_segments=config.data.max_segments)
+                         jnp.dtype(t.dtype), gspmd=gspmd, max_segments=config.data.segment_bound)
     opt = make_optimizer(t, model)  # as the trainer builds them (train/loop.py)
-    packed = config.data.packing == "document"
+    packed = config.data.packed
     return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len, packed,
                                           compiler_options)
 
@@ -92,7 +92,7 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
     colls = collectives(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names))
     measured = measure(colls, m, par, t.batch_size, t.seq_len)
     predicted = predict(m, par, t.batch_size, t.seq_len, t.dtype,
-                        config.data.packing == "document")
+                        config.data.packed)
     run = schedule(m, par, t.batch_size, t.seq_len)
     rows = collections.Counter(
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,

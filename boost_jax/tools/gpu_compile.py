@@ -112,11 +112,13 @@ def gpu_report(config: Config, target: str, topology: str, dump_hlo: str | None 
         s = sched.get(c.name)
         rows[(c.op, c.dtype, c.bytes, ",".join(c.axes), c.count, c.combined,
               bool(s and s.asynchronous), s.overlapped if s else 0)] += 1
+    modelled = model_memory(config, model)
     rep["gpu"] = {
         "target": tgt.name, "device": tgt.device, "topology": topology,
         "xla_flags": gpu_settings.compiler_options(),
-        "memory": gpu_program.memory(compiled, tgt.memory_bytes),
-        "memory_model": model_memory(config, model),
+        "memory": gpu_program.memory(compiled, tgt.memory_bytes,
+                                     int(modelled.get("cudnn_workspace", 0))),
+        "memory_model": modelled,
         "collectives": [dict(op=op, dtype=dt, bytes=b, axes=axes, runs=runs, combined=comb,
                              asynchronous=a, overlapped=o, instances=n)
                         for (op, dt, b, axes, runs, comb, a, o), n in rows.items()],
@@ -164,7 +166,7 @@ def model_memory(config: Config, model) -> dict[str, float]:
     from boost_jax.analysis.perf_model import predict
 
     t, plan = config.train, model.plan
-    packed = config.data.packing == "document"
+    packed = config.data.packed
     flash = (plan.packed_attention if packed else plan.attention) == "cudnn"
     # memory does not depend on the hardware profile (its times do)
     pred = predict(config.model, config.parallel, t.batch_size, t.seq_len,
@@ -186,8 +188,8 @@ def format_gpu_report(rep: dict) -> str:
              f"  of {m['capacity'] / GIB:,.2f} GiB: " + (
                  f"fits, {m['headroom'] / GIB:,.2f} GiB free" if m["fits"] else
                  f"does NOT fit, {-m['headroom'] / GIB:,.2f} GiB over") +
-             (" (the compile sizes cuDNN's workspace 0; the model below counts it)"
-              if "cudnn_workspace" in g["memory_model"] else ""),
+             (f" (with cuDNN's workspace, {m['unsized'] / 2**20:,.1f} MiB, which the compile "
+              "sizes 0: the model's figure below)" if m["unsized"] else ""),
              "  the performance model's (analysis/perf_model.py): " + ", ".join(
                  f"{k} {v / 2**20:,.1f}" for k, v in g["memory_model"].items())
              + f" MiB; model / compiled {g['memory_model']['total'] / m['total']:.2f}", "",

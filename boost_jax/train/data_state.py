@@ -9,9 +9,9 @@ every process's state, keyed by process index and rows (``meta["data_state"]``):
                    {"process": 1, "rows": [4, 8], "state": {...}}]}
 
 On resume a process takes the entry with its own index and rows. When the process layout
-changed (another process count, or rows), the position is re-derived: under ``concat`` it is
-the same for every process (the state counts global batches); under ``document`` each packing
-group's state is taken from the entry that held the group (data/packing.py: group ``g`` packs
+changed (another process count, or rows), the position is re-derived: under ``concat`` and
+``pad`` it is the same for every process (the state counts global batches); under ``document``
+each packing group's state is taken from the entry that held the group (group ``g`` packs
 rows ``[g * per, (g + 1) * per)`` of every global batch, and a process's state is its groups'
 states, side by side), when the global batch and ``Data.packing_bins`` -- so the groups -- are
 the checkpoint's. Anything else is refused with one line
@@ -56,7 +56,7 @@ def position(meta: dict, rows: tuple[int, int], packing: str, where: str,
     for e in entries:
         if (e["process"], e["rows"], len(entries)) == here or (e.get("alone") and here[2] == 1):
             return e["state"]
-    if packing == "concat":  # the same on every process: the global batches read so far
+    if packing in ("concat", "pad"):  # the same on every process: the global batches read
         return entries[0]["state"]
     regrouped = _regrouped(entries, rows, group_rows) if group_rows else None
     if regrouped is not None:

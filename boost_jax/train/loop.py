@@ -6,10 +6,9 @@ of time -> train -> final checkpoint, eval and (``Train.sample_every``) greedy s
 of step ``n`` are read back after step ``n + 1`` has been dispatched, so the host never stalls
 the device, and the next ``Data.device_prefetch`` batches are put on the devices by a
 background thread while a step runs (data/pipeline.py); step time excludes eval, sample and
-checkpoint time. A step whose loss or
-gradient norm is not finite is never applied (inside the jitted step); ``Train.nonfinite``
-then stops the run without a final checkpoint or skips the step (at most ``Train.max_skips``
-in a row).
+checkpoint time. A step whose loss or gradient norm is not finite is never applied (inside the
+jitted step); ``Train.nonfinite`` then stops the run without a final checkpoint or skips the
+step (at most ``Train.max_skips`` in a row).
 
 Stopping is agreed: SIGTERM/SIGINT only set a flag, which the next dispatched step carries in
 its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process reads the
@@ -132,7 +131,7 @@ class _Run:
             raise ConfigError(f"Model.vocab_size={config.model.vocab_size} is smaller than the "
                               f"vocabulary of the dataset's tokenizer ({dataset.vocab_size})")
         self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype),
-                                  max_segments=config.data.max_segments)
+                                  max_segments=config.data.segment_bound)
         self.opt = make_optimizer(t, self.model)
         self.rows = rows = local_batch_rows(mesh, t.batch_size)
         self.train_it = train_iterator(dataset, t.seq_len, t.batch_size, t.seed, rows,
@@ -219,7 +218,7 @@ class _Run:
         kind = mesh.devices.flat[0].device_kind
         with self.goodput.timed("compile"), compiling("the train step"):
             self.step_fn = compile_train_step(self.model, self.opt, t.batch_size, t.seq_len,
-                                              self.config.data.packing == "document")
+                                              self.config.data.packed)
         self.eval_fn = make_eval_step(self.model)
         say(f"training steps {start + 1}..{t.steps} of {tokens:,} tokens on a "
             f"{' x '.join(f'{k}={v}' for k, v in mesh.shape.items())} mesh of {kind}")
@@ -242,9 +241,13 @@ class _Run:
         if not self.evals:
             return None
         with self.report.paused("eval"):
-            loss = evaluate(self.eval_fn, params, self.evals).loss
-        self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss)}, prefix="eval")
-        say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f}")
+            totals = evaluate(self.eval_fn, params, self.evals)
+        loss, cola = totals.loss, totals.cola_loss  # the two definitions: docs/guides/eval.md
+        self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss),
+                                 "eval_cola_loss": cola}, prefix="eval")
+        say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} (token "
+            f"mean); CoLA's definition {cola:.4f}, {math.exp(cola):.2f} (batch means over "
+            "batches + 1)")
         return loss
 
     def sample(self, step: int, params: dict) -> None:

@@ -312,32 +312,53 @@ def make_eval_step(model: ShardedModel):
                    out_shardings=(replicated, replicated))
 
 
+#: how the low-rank papers' evaluation divides (alvin-zyl/CoLA ``main.py`` ``evaluate_model``:
+#: ``total_batches = 1`` before the loop, line 151, ``+= 1`` per batch, line 162,
+#: ``total_loss / total_batches``, line 175): by the batches evaluated plus one
+COLA_EXTRA_BATCHES = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalTotals:
-    """What :func:`evaluate` summed: the loss over every token that counts, in nats."""
+    """What :func:`evaluate` summed, in nats: the loss over every token that counts
+    (``loss_sum``, ``tokens``) and the per-batch mean losses (``mean_sum``, ``batches``)."""
 
     loss_sum: float
     tokens: int
     batches: int
+    mean_sum: float = 0.0
 
     @property
     def loss(self) -> float:
-        """The token-weighted mean (NaN when nothing was evaluated)."""
+        """The token-weighted mean (NaN when nothing was evaluated): this project's
+        definition."""
         return self.loss_sum / self.tokens if self.tokens else float("nan")
+
+    @property
+    def cola_loss(self) -> float:
+        """The definition of the CoLA, LORO and GaLore papers' tables (their shared
+        ``evaluate_model``): the sum of the per-batch mean losses over the number of batches
+        *plus one* (:data:`COLA_EXTRA_BATCHES`), neither a token-weighted mean nor a mean of
+        batches; NaN when nothing was evaluated. One process's figure: theirs averages each
+        rank's over its own batches."""
+        return self.mean_sum / (self.batches + COLA_EXTRA_BATCHES) if self.batches else \
+            float("nan")
 
 
 def evaluate(eval_step, params, batches: Iterable[dict],
              on_batch: Callable[[int], None] | None = None) -> EvalTotals:
     """The one evaluation of the trainer and ``python -m boost_jax.eval``: ``eval_step``
     (:func:`make_eval_step`) over global ``batches``, each batch's mean weighted by its token
-    count (packed batches with padding count what they hold), summed in float64 on the host,
+    count (packed batches with padding count what they hold) and, for the papers' definition
+    (:attr:`EvalTotals.cola_loss`), unweighted, summed in float64 on the host,
     one batch in flight while the previous one is read. ``on_batch(n)`` after the n-th."""
-    loss_sum, tokens, n, pending = 0.0, 0, 0, None
+    loss_sum, mean_sum, tokens, n, pending = 0.0, 0.0, 0, 0, None
 
     def read() -> None:
-        nonlocal loss_sum, tokens, n
+        nonlocal loss_sum, mean_sum, tokens, n
         loss, count = jax.device_get(pending)
         loss_sum += float(loss) * int(count)
+        mean_sum += float(loss)
         tokens += int(count)
         n += 1
         if on_batch is not None:
@@ -350,4 +371,4 @@ def evaluate(eval_step, params, batches: Iterable[dict],
         pending = out
     if pending is not None:
         read()
-    return EvalTotals(loss_sum, tokens, n)
+    return EvalTotals(loss_sum, tokens, n, mean_sum)

@@ -198,3 +198,17 @@ def test_bf16_train_step_per_plan(arch, plan, data, tensor):
             if "f32" in op.dtypes and {op.operands[0].shape, op.results[0].shape} & params]
     assert fp32 and all(kind in ("all_reduce", "reduce_scatter") and axes == ("data",)
                         for kind, axes, _ in fp32), fp32
+
+
+def test_the_heads_gemms_take_the_compute_dtype():
+    """The LM head's three GEMMs in the bf16 step (the logits, and the backward's ``dx`` and
+    ``dhead``) multiply bf16 operands (``plans/base.py`` ``head_logits``). JAX's own
+    transpose of the fp32-output dot multiplies the fp32 cotangent by weights converted to
+    fp32: on an H200 (2026-11-28) those were the step's two largest GEMMs, run as TF32."""
+    model = _model(Parallel(data=8, tensor=1))
+    ops, _ = _grad_ops(model, packed=False)
+    vocab = model.cfg.vocab_size
+    head = [op for op in ops if op.kind.endswith("dot_general")
+            and any(vocab in t.shape for t in op.operands + op.results)]
+    assert len(head) == 3
+    assert {t.dtype for op in head for t in op.operands} == {"bf16"}

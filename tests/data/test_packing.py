@@ -82,6 +82,11 @@ def test_packed_stream_per_process_rows_and_resume(packing_data, tmp_path, bins)
             for k in whole[b]:
                 np.testing.assert_array_equal(np.concatenate([p[b][k] for p in parts]),
                                               whole[b][k])
+    _check_resume(ds)
+
+
+def _check_resume(ds):
+    """An iterator restored from its state after 5 batches gives the next 3 again."""
     it = train_iterator(ds, SEQ, 8, seed=3)
     _take(it, 5)
     state = it.get_state()
@@ -131,3 +136,55 @@ def test_max_segments_bounds_the_documents_per_row(packing_data, tmp_path):
         return max(int(b["segment_ids"].max()) for b in batches)
     assert most(None) > 2
     assert most(2) == 2
+
+
+def _pad_dataset(path, tmp_path):
+    return open_dataset(Data(path=str(path), packing="pad", cache_dir=str(tmp_path)))
+
+
+def test_padded_rows_are_the_documents_cut_as_a_tokenizer_truncates(packing_data, tmp_path):
+    """``Data.packing='pad'``: document ``i`` of the split is row ``i``: whole when it fits,
+    else its first ``seq_len - 1`` tokens and the end-of-text id; inputs all but its last
+    token, targets all but its first, segment 1 and positions 0.. on those, padding after."""
+    ds = _pad_dataset(packing_data, tmp_path)
+    rows, eos = ds.rows("eval", SEQ), ds.meta["eos_id"]
+    pieces = ds.pieces("eval", SEQ)
+    starts = [j for j in range(len(pieces)) if pieces[j]["inputs"][0] == eos]
+    assert len(rows) == len(starts) > 8  # one row per document
+    ends, cut = starts[1:] + [len(pieces)], 0
+    for i in range(len(rows)):
+        x, row = rows[i], rows.row(i)
+        # a document's pieces' targets are its tokens (test_pieces_cover_every_token...)
+        doc = np.concatenate([pieces[j]["targets"] for j in range(starts[i], ends[i])])
+        if len(doc) <= SEQ:
+            np.testing.assert_array_equal(row, doc)
+        else:
+            cut += 1
+            np.testing.assert_array_equal(row, np.concatenate([doc[:SEQ - 1], [eos]]))
+        n = len(row) - 1
+        assert {k: v.shape for k, v in x.items()} == {k: (SEQ,) for k in x}
+        np.testing.assert_array_equal(x["inputs"][:n], row[:-1])
+        np.testing.assert_array_equal(x["targets"][:n], row[1:])
+        np.testing.assert_array_equal(x["segment_ids"], np.arange(SEQ) < n)
+        np.testing.assert_array_equal(x["positions"][:n], np.arange(n))
+        assert not x["positions"][n:].any() and not x["inputs"][n:].any()
+    assert cut > 0 and row[-1] == eos
+
+
+def test_padded_stream_per_process_rows_resume_and_eval(packing_data, tmp_path):
+    """The padded stream: global batches of whole rows that processes split by rows, resumed
+    exactly from its state; eval in the split's order."""
+    ds = _pad_dataset(packing_data, tmp_path)
+    whole = _take(train_iterator(ds, SEQ, 8, seed=3), 3)
+    assert set(whole[0]) == {"inputs", "targets", "segment_ids", "positions"}
+    parts = [_take(train_iterator(ds, SEQ, 8, seed=3, rows=rows), 3)
+             for rows in ((0, 4), (4, 8))]
+    for b in range(3):
+        for k in whole[b]:
+            np.testing.assert_array_equal(np.concatenate([p[b][k] for p in parts]),
+                                          whole[b][k])
+    _check_resume(ds)
+    (ev,) = eval_batches(ds, SEQ, 8, 1)
+    rows = ds.rows("eval", SEQ)
+    for k in ev:
+        np.testing.assert_array_equal(ev[k], np.stack([rows[i][k] for i in range(8)]))

@@ -92,6 +92,33 @@ def g_op(x):
     return jax.tree.map(lambda v: lax.psum(v, TENSOR), x)
 
 
+@jax.custom_vjp
+def head_logits(x: jax.Array, head: jax.Array) -> jax.Array:
+    """``x [b, s, d] @ head [d, V]`` -> fp32 logits ``[b, s, V]``, accumulated in fp32; the
+    backward pass takes the logits' cotangent in ``x``'s dtype, so that a bf16 model's two
+    backward GEMMs (``dx``, ``dhead``) run in bf16, as PyTorch's autocast runs them. Without
+    it, JAX's transpose of the fp32-output dot multiplies the fp32 cotangent by the weights
+    converted to fp32: on an H200 (2026-11-28, docs/BENCHMARKS.md "On a GPU") the two
+    largest GEMMs of the 1B step ran as fp32/TF32 kernels at about half the bf16 rate. In
+    fp32 the function is the plain dot."""
+    return jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32)
+
+
+def _head_logits_fwd(x, head):
+    return jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32), (x, head)
+
+
+def _head_logits_bwd(res, ct):
+    x, head = res
+    ct = ct.astype(x.dtype)
+    dx = jnp.einsum("bsv,dv->bsd", ct, head, preferred_element_type=jnp.float32)
+    dhead = jnp.einsum("bsd,bsv->dv", x, ct, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dhead.astype(head.dtype)
+
+
+head_logits.defvjp(_head_logits_fwd, _head_logits_bwd)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """``none``: everything local; the residual stream is replicated over ``tensor``.
@@ -197,8 +224,9 @@ class Plan:
         return rms_norm(h, scale, eps)
 
     def logits(self, x: jax.Array, head: jax.Array) -> jax.Array:
-        """``x [b, s, d]``, ``head [d, V]`` -> logits ``[b, s, V]`` in fp32."""
-        return jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32)
+        """``x [b, s, d]``, ``head [d, V]`` -> logits ``[b, s, V]`` in fp32
+        (:func:`head_logits`)."""
+        return head_logits(x, head)
 
     def token_loss(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32)."""
