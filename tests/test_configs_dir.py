@@ -29,3 +29,28 @@ def test_golden_values():
     assert (cfg.model.d_model, cfg.model.attn_rank, cfg.model.only_lr_act) == (512, 128, False)
     assert (cfg.train.learning_rate, cfg.train.warmup_steps, cfg.train.dtype) == \
         (6e-3, 2000, "bfloat16")
+
+
+#: size -> (lr, steps, warm-up; hidden, layers, d_ff, rank, only_lr_act), read from
+#: alvin-zyl/CoLA at 91ff0d1: scripts/cola_scripts/cola<size>.sh (LR, STEPS, WU) and
+#: cola_configs/cola_<size>.json (only_lr_act absent from 350m and 1b: their default, True)
+COLA = {"60m": (6e-3, 10_000, 2_000, 512, 8, 1376, 128, False),
+        "130m": (3e-3, 20_000, 2_000, 768, 12, 2048, 256, False),
+        "350m": (3e-3, 60_000, 6_000, 1024, 24, 2736, 256, True),
+        "1b": (2e-3, 100_000, 10_000, 2048, 24, 5461, 512, True)}
+
+
+@pytest.mark.parametrize("size", COLA)
+def test_the_cola_recipes_are_the_authors_scripts(size):
+    """configs/cola/cola_<size>.gin: the authors' hyperparameters and model, on their rows
+    (one padded document of at most 256 tokens each, 512 a step, bf16)."""
+    parse_gin(files=[str(CONFIGS_DIR / "cola" / f"cola_{size}.gin")])
+    cfg = load_config()
+    m, t = cfg.model, cfg.train
+    assert (t.learning_rate, t.steps, t.warmup_steps, m.d_model, m.n_layers, m.d_ff,
+            m.attn_rank, m.only_lr_act) == COLA[size]
+    assert (m.arch, m.vocab_size, m.tie_embeddings, m.mlp_rank) == ("cola", 32000, False,
+                                                                    m.attn_rank)
+    assert (t.batch_size, t.seq_len, t.dtype, t.weight_decay, t.grad_clip, t.min_lr_ratio,
+            t.eval_every) == (512, 256, "bfloat16", 0.01, 0.5, 0.1, 1000)
+    assert cfg.data.packing == "pad"

@@ -33,6 +33,10 @@ def make_manifest(tok, dtype: str, records: dict[int, dict], train: Inputs, held
                 train_tokens=sum(s["train_tokens"] for s in shards),
                 eval_tokens=sum(s["tokens"] - s["train_tokens"] for s in shards),
                 documents=sum(s["documents"] for s in shards),
+                # the largest token id written (a shard record of an older version: the
+                # tokenizer's largest): a model needs this + 1 rows, which can be fewer than
+                # the tokenizer's vocabulary (t5's 100 sentinel ids appear in no text)
+                max_id=max((s.get("max_id", tok.vocab_size - 1) for s in shards), default=-1),
                 eval_split="eval_input" if held else "train_tail", files=len(train.files),
                 ignored_files=len(train.ignored), eval_files=len(held.files) if held else 0,
                 eval_ignored_files=len(held.ignored) if held else 0, shards=shards, **args)

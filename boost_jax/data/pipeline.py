@@ -118,6 +118,12 @@ class Dataset:
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
+    @property
+    def ids_used(self) -> int:
+        """The model rows its tokens need: its largest token id + 1 (a manifest of an older
+        version: the tokenizer's vocabulary)."""
+        return self.meta.get("max_id", self.vocab_size - 1) + 1
+
     @functools.cached_property
     def fingerprint(self) -> str:
         """What its tokens are (data/manifest.py :func:`fingerprint`), kept in checkpoints."""

@@ -293,7 +293,7 @@ def define_flags(flag_values: FlagValues | None = None) -> None:
                       "old one intact), or discard an unfinished run of other arguments",
                       flag_values=fv)
     flags.DEFINE_string("tokenizer", "bpe:4096", "bpe:<vocab> | llama32k | spm:<file> | "
-                        "hf:<json>", flag_values=fv)
+                        "hf:<tokenizer.json or its directory>", flag_values=fv)
     flags.DEFINE_float("eval_fraction", DEFAULT_EVAL_FRACTION, "without --eval_input: the "
                        "fraction of each shard's tokens held out for eval, at its end",
                        flag_values=fv)

@@ -30,7 +30,7 @@ class ShardWriter:
         self.split = split
         self.tmp = directory / f"{index:05d}.bin.tmp"
         self.file = open(self.tmp, "wb")
-        self.crc, self.tokens, self.lengths = 0, 0, []
+        self.crc, self.tokens, self.lengths, self.max_id = 0, 0, [], -1
 
     def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         data = tokens.tobytes()
@@ -38,6 +38,8 @@ class ShardWriter:
         self.crc = zlib.crc32(data, self.crc)
         self.tokens += len(tokens)
         self.lengths.append(lengths)
+        if len(tokens):
+            self.max_id = max(self.max_id, int(tokens.max()))
 
     def close(self) -> dict:
         self.file.flush()
@@ -54,7 +56,8 @@ class ShardWriter:
             n_eval = self.tokens if self.split == "eval" else 0
         record = dict(file=f"{name}.bin", docs=f"{name}.docs.npy", tokens=self.tokens,
                       train_tokens=self.tokens - n_eval, documents=len(offsets) - 1,
-                      crc32=self.crc, docs_crc32=crc(self.dir / f"{name}.docs.npy"))
+                      max_id=self.max_id, crc32=self.crc,
+                      docs_crc32=crc(self.dir / f"{name}.docs.npy"))
         write_json(self.dir / f"{name}.json", record)
         return record
 

@@ -5,7 +5,8 @@ A tokenizer is named by a spec string:
 
 * ``llama32k`` -- the bundled 32000-token SentencePiece model (data/assets/README.md);
 * ``spm:<path>`` -- a SentencePiece ``.model`` file;
-* ``hf:<path>`` -- a Hugging Face ``tokenizer.json``;
+* ``hf:<path>`` -- a Hugging Face ``tokenizer.json``, or a directory holding one (t5's, for the
+  low-rank papers' data: :class:`HFTokenizer` says which id ends a document);
 * ``bpe:<vocab>`` -- train a byte-level BPE of that size on the corpus being prepared.
 """
 
@@ -45,7 +46,13 @@ class SentencePieceTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizers`` JSON file (e.g. a byte-level BPE trained by ``prepare``)."""
+    """A Hugging Face ``tokenizers`` JSON file (e.g. a byte-level BPE trained by ``prepare``, or
+    a model's ``tokenizer.json`` such as t5's).
+
+    The end-of-text id that ends every document is ``<|endoftext|>`` when the vocabulary has
+    it, else the one token the tokenizer's template appends to a sequence (t5's ``</s>``:
+    ``tokenizer(text)`` in ``transformers`` ends with it), so a document's ids are what the
+    tokenizer gives with its special tokens, less any it puts before the text."""
 
     kind = "hf"
     filename = "tokenizer.json"
@@ -58,7 +65,10 @@ class HFTokenizer:
         self.vocab_size = self.tok.get_vocab_size()
         self.eos_id = self.tok.token_to_id(EOT)
         if self.eos_id is None:
-            raise ValueError(f"{self.path}: tokenizer has no {EOT!r} token to separate documents")
+            self.eos_id = _appended_token(self.tok)
+        if self.eos_id is None:
+            raise ValueError(f"{self.path}: tokenizer has no {EOT!r} token and appends no "
+                             "end-of-sequence token to separate documents")
         self.bos_id = None
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -66,6 +76,17 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids])
+
+
+def _appended_token(tok) -> int | None:
+    """The single id ``tok``'s post-processor appends after a sequence's ids, or ``None``."""
+    probe = "a b"
+    plain, full = tok.encode(probe, add_special_tokens=False).ids, tok.encode(probe).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            tail = full[start + len(plain):]
+            return tail[0] if len(tail) == 1 else None
+    return None
 
 
 Tokenizer = SentencePieceTokenizer | HFTokenizer
@@ -98,11 +119,12 @@ def build(spec: str, texts: Sequence[str], out_dir: Path) -> Tokenizer:
         src, cls = bundled_spm_path(), SentencePieceTokenizer
     elif kind == "spm" and arg:
         src, cls = Path(arg), SentencePieceTokenizer
-    elif kind == "hf" and arg:
+    elif kind == "hf" and arg:  # a tokenizer.json, or a directory holding one
         src, cls = Path(arg), HFTokenizer
+        src = src / HFTokenizer.filename if src.is_dir() else src
     else:
         raise ValueError(f"unknown tokenizer spec {spec!r} (use bpe:<n>, llama32k, spm:<file> "
-                         "or hf:<tokenizer.json>)")
+                         "or hf:<tokenizer.json or its directory>)")
     if not src.is_file():
         raise FileNotFoundError(f"tokenizer file {src} does not exist")
     dst = out_dir / cls.filename

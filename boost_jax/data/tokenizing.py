@@ -24,7 +24,8 @@ from boost_jax.data import tokenizer as tokenizers
 from boost_jax.data.sources import PrepareError, read_documents
 
 MIB = 2**20
-TOKENIZER_SPECS = "bpe:<vocab size>, llama32k, spm:<file.model> or hf:<tokenizer.json>"
+TOKENIZER_SPECS = ("bpe:<vocab size>, llama32k, spm:<file.model> or hf:<tokenizer.json or its "
+                   "directory>")
 
 
 def check_spec(spec: str) -> None:
@@ -41,6 +42,8 @@ def check_spec(spec: str) -> None:
     if kind not in ("spm", "hf") or not arg:
         raise PrepareError(f"unknown tokenizer {spec!r}; use {TOKENIZER_SPECS}")
     path = Path(arg)
+    if kind == "hf" and path.is_dir():
+        path = path / tokenizers.HFTokenizer.filename
     if not path.is_file():
         raise PrepareError(f"tokenizer {spec!r}: no file {path}; use {TOKENIZER_SPECS}")
     cls, what = ((tokenizers.SentencePieceTokenizer, "a SentencePiece .model") if kind == "spm"

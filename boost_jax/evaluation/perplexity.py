@@ -128,9 +128,9 @@ def place_params(model: ShardedModel, params: dict) -> dict:
 def _check_data(ds: Dataset, config: Config) -> None:
     """The eval data's vocabulary must fit the model's (data prepared with another tokenizer
     than the run's would give meaningless numbers; that is the user's to avoid)."""
-    if ds.vocab_size > config.model.vocab_size:
-        raise ConfigError(f"Data.path={config.data.path!r}: its tokenizer has "
-                          f"{ds.vocab_size} tokens, more than the model's vocabulary "
+    if ds.ids_used > config.model.vocab_size:
+        raise ConfigError(f"Data.path={config.data.path!r}: its tokens reach id "
+                          f"{ds.ids_used - 1}, beyond the model's vocabulary "
                           f"({config.model.vocab_size}); evaluate on data prepared with the "
                           "run's tokenizer")
 

@@ -127,9 +127,9 @@ class _Run:
         self.config, self.workdir, self.t = config, workdir, t
         mesh = make_mesh(config.parallel, devices)
         dataset = open_dataset_on_all(config.data)
-        if dataset.vocab_size > config.model.vocab_size:
+        if dataset.ids_used > config.model.vocab_size:
             raise ConfigError(f"Model.vocab_size={config.model.vocab_size} is smaller than the "
-                              f"vocabulary of the dataset's tokenizer ({dataset.vocab_size})")
+                              f"dataset's largest token id + 1 ({dataset.ids_used})")
         self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype),
                                   max_segments=config.data.segment_bound)
         self.opt = make_optimizer(t, self.model)

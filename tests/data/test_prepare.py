@@ -476,3 +476,43 @@ def test_a_bundled_corpus_says_what_it_prepares_and_where(tmp_path, capsys, monk
     assert calls[0][1] == {"overwrite": True}  # a stale unfinished run restarts
     assert capsys.readouterr().err == (f"preparing the bundled corpus 'shakespeare' with "
                                        f"tokenizer bpe:512 into {out} (first use only)\n")
+
+
+def test_a_tokenizer_that_appends_its_end_of_sequence_token(tmp_path):
+    """``hf:<directory>`` with a t5-like tokenizer.json (no ``<|endoftext|>``; its template
+    appends ``</s>``, as t5-base's does): each prepared document is exactly what the tokenizer
+    gives with its special tokens -- ``transformers``' ``tokenizer(text)`` -- the appended
+    ``</s>`` the end-of-text id; the manifest's ``max_id`` is the largest id written, below
+    ids the text never produces (t5's 100 sentinels, 32000-32099), so a model of the
+    papers' 32000 rows takes t5's 32100-token data."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = "the king queen of a to be or not".split()
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)},
+             "<extra_id_0>": 12, "<extra_id_1>": 13}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                       special_tokens=[("</s>", 1)])
+    (tmp_path / "t5like").mkdir()
+    tok.save(str(tmp_path / "t5like" / "tokenizer.json"))
+    docs = ["the king of a", "to be or not to be", "the queen"] * 4
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    meta = prepare([tmp_path / "in.jsonl"], tmp_path / "out",
+                   tokenizer=f"hf:{tmp_path / 't5like'}", eval_fraction=0.2, workers=0)
+    assert (meta["eos_id"], meta["vocab_size"]) == (1, len(vocab))
+    (shard,) = meta["shards"]
+    tokens = np.fromfile(tmp_path / "out" / "shards" / shard["file"], np.dtype(meta["dtype"]))
+    offsets = np.load(tmp_path / "out" / "shards" / shard["docs"])
+    written = sorted(tuple(tokens[a:b]) for a, b in zip(offsets[:-1], offsets[1:]))
+    assert written == sorted(tuple(tok.encode(d).ids) for d in docs)
+    assert meta["max_id"] == tokens.max() == 11
+    from boost_jax.config import Data
+    from boost_jax.data.pipeline import open_dataset
+
+    assert open_dataset(Data(path=str(tmp_path / "out"))).ids_used == 12  # of 14
+    no_eos = tmp_path / "plain.json"
+    tok.post_processor = None
+    tok.save(str(no_eos))
+    with pytest.raises(PrepareError, match="appends no end-of-sequence token"):
+        prepare([tmp_path / "in.jsonl"], tmp_path / "out2", tokenizer=f"hf:{no_eos}")

@@ -196,7 +196,7 @@ def test_bfloat16_compute(tiny_data, tmp_path, single_device):
 @pytest.mark.parametrize("case, needle", [
     ("mesh", "needs 8 devices, but 1 are available"),
     ("data", "no prepared dataset"),
-    ("vocab", "Model.vocab_size=256 is smaller than the vocabulary"),
+    ("vocab", "Model.vocab_size=256 is smaller than the dataset's largest token id"),
 ])
 def test_bad_run_inputs(tiny_data, tmp_path, case, needle):
     cfg = _config(tiny_data, 2)
