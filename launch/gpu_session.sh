@@ -35,16 +35,18 @@
 # The GPU image (Python 3.12, jax 0.11.2 + jax-cuda13-plugin, triton 3.6.0, torch, flax, optax,
 # orbax, transformers, tokenizers, sentencepiece, tiktoken) has no package index: what
 # boost_jax imports and the image lacks travels as cp312 wheels, downloaded where pip works
-# (echo /wheels312/ >> .git/info/exclude, then carry wheels312; 29 MB):
+# (echo /wheels312/ >> .git/info/exclude, then carry wheels312; 30 MB):
 #   pip download --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_17_x86_64 -d wheels312 \
 #     grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 psutil==7.2.2 gin-config==0.5.0 \
 #     jax-triton==0.3.1 tensorboardX==2.6.5 matplotlib==3.11.2 contourpy==1.3.3 \
 #     cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 pyparsing==3.3.3 \
-#     python-dateutil==2.9.0.post0 six==1.17.0
-# (grain needs array-record and portpicker, portpicker psutil; jax-triton 0.3.1 needs
-# jax>=0.8.2 and triton>=3.6, which the image's 0.11.2 and 3.6.0 meet; bench step draws its
+#     python-dateutil==2.9.0.post0 six==1.17.0 orbax-checkpoint==0.12.8 nest-asyncio2==1.7.4
+# (grain needs array-record and portpicker, portpicker psutil; orbax-checkpoint is the
+# version the pins allow, with its nest-asyncio2, over whatever the image carries; jax-triton
+# 0.3.1 needs jax>=0.8.2 and triton>=3.6, which the image's 0.11.2 and 3.6.0 meet; bench step
+# draws its
 # figures with matplotlib, the trainer writes TensorBoard events with tensorboardX.) They go
 # into $SITE (not the image's environment), which joins this checkout on PYTHONPATH, so
 # nothing is built; device.txt lists any module still missing. Without wheels312 (a CPU
