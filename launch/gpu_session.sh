@@ -46,10 +46,9 @@
 # (grain needs array-record and portpicker, portpicker psutil; orbax-checkpoint is the
 # version the pins allow, with its nest-asyncio2, over whatever the image carries; jax-triton
 # 0.3.1 needs jax>=0.8.2 and triton>=3.6, which the image's 0.11.2 and 3.6.0 meet; bench step
-# draws its
-# figures with matplotlib, the trainer writes TensorBoard events with tensorboardX.) They go
-# into $SITE (not the image's environment), which joins this checkout on PYTHONPATH, so
-# nothing is built; device.txt lists any module still missing. Without wheels312 (a CPU
+# draws its figures with matplotlib, the trainer writes TensorBoard events with tensorboardX.)
+# They go into $SITE (not the image's environment), which joins this checkout on PYTHONPATH,
+# so nothing is built; device.txt lists any module still missing. Without wheels312 (a CPU
 # host, or an image that has them all) nothing is installed.
 set -uo pipefail
 usage="usage: launch/gpu_session.sh gputests|tests|step[:ARCH/REMAT+...]|micro|flags|all[,...] OUT_DIR"
