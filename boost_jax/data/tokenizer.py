@@ -78,6 +78,12 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids])
 
 
+def hf_file(path: str | Path) -> Path:
+    """``hf:<path>``'s file: ``path``, or the ``tokenizer.json`` in it when it is a directory."""
+    path = Path(path)
+    return path / HFTokenizer.filename if path.is_dir() else path
+
+
 def _appended_token(tok) -> int | None:
     """The single id ``tok``'s post-processor appends after a sequence's ids, or ``None``."""
     probe = "a b"
@@ -119,9 +125,8 @@ def build(spec: str, texts: Sequence[str], out_dir: Path) -> Tokenizer:
         src, cls = bundled_spm_path(), SentencePieceTokenizer
     elif kind == "spm" and arg:
         src, cls = Path(arg), SentencePieceTokenizer
-    elif kind == "hf" and arg:  # a tokenizer.json, or a directory holding one
-        src, cls = Path(arg), HFTokenizer
-        src = src / HFTokenizer.filename if src.is_dir() else src
+    elif kind == "hf" and arg:
+        src, cls = hf_file(arg), HFTokenizer
     else:
         raise ValueError(f"unknown tokenizer spec {spec!r} (use bpe:<n>, llama32k, spm:<file> "
                          "or hf:<tokenizer.json or its directory>)")

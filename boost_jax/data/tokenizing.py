@@ -41,9 +41,7 @@ def check_spec(spec: str) -> None:
         return
     if kind not in ("spm", "hf") or not arg:
         raise PrepareError(f"unknown tokenizer {spec!r}; use {TOKENIZER_SPECS}")
-    path = Path(arg)
-    if kind == "hf" and path.is_dir():
-        path = path / tokenizers.HFTokenizer.filename
+    path = tokenizers.hf_file(arg) if kind == "hf" else Path(arg)
     if not path.is_file():
         raise PrepareError(f"tokenizer {spec!r}: no file {path}; use {TOKENIZER_SPECS}")
     cls, what = ((tokenizers.SentencePieceTokenizer, "a SentencePiece .model") if kind == "spm"

@@ -92,6 +92,10 @@ def g_op(x):
     return jax.tree.map(lambda v: lax.psum(v, TENSOR), x)
 
 
+def _logits(x: jax.Array, head: jax.Array) -> jax.Array:
+    return jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32)
+
+
 @jax.custom_vjp
 def head_logits(x: jax.Array, head: jax.Array) -> jax.Array:
     """``x [b, s, d] @ head [d, V]`` -> fp32 logits ``[b, s, V]``, accumulated in fp32; the
@@ -101,11 +105,11 @@ def head_logits(x: jax.Array, head: jax.Array) -> jax.Array:
     converted to fp32: on an H200 (2026-11-28, docs/BENCHMARKS.md "On a GPU") the two
     largest GEMMs of the 1B step ran as fp32/TF32 kernels at about half the bf16 rate. In
     fp32 the function is the plain dot."""
-    return jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32)
+    return _logits(x, head)
 
 
 def _head_logits_fwd(x, head):
-    return jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32), (x, head)
+    return _logits(x, head), (x, head)
 
 
 def _head_logits_bwd(res, ct):
