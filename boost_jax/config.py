@@ -173,6 +173,18 @@ class Train:
                                         "run", NOTE)
     weight_decay: float = _field(0.01, "AdamW weight decay", NOTE)
     grad_clip: float = _field(0.5, "clip the global gradient norm to this", NOTE)
+    warmup_from_zero: bool = _field(False, "the first update at learning rate 0, as the "
+                                    "low-rank papers' LambdaLR warm-up (alvin-zyl/CoLA "
+                                    "training_utils.py line 139); False: at lr / "
+                                    "warmup_steps", NOTE)
+    decay_norms: bool = _field(False, "weight decay on the norm gains and biases too, as the "
+                               "papers' one torch AdamW group (training_utils.py line 228); "
+                               "False: on the weight matrices and embeddings only", NOTE)
+    loss_group_rows: int | None = _field(None, "the loss is the mean over groups of this many "
+                                         "consecutive rows of each group's token mean: the "
+                                         "papers' per-GPU micro-batch mean (main.py lines "
+                                         "518-519, their --batch_size); None: the token mean "
+                                         "of the global batch", NOTE)
     beta1: float = _field(0.9, "AdamW beta1", NOTE)
     beta2: float = _field(0.999, "AdamW beta2", NOTE)
     checkpoint_every: int = _field(100, "steps between checkpoints", FREE)
@@ -241,7 +253,8 @@ class Train:
         _check(bool(self.sample_prompts) and all(self.sample_prompts),
                f"Train.sample_prompts={self.sample_prompts!r} must be non-empty strings")
         for name, value in (("sample_every", self.sample_every),
-                            ("micro_batch_size", self.micro_batch_size)):
+                            ("micro_batch_size", self.micro_batch_size),
+                            ("loss_group_rows", self.loss_group_rows)):
             _check(value is None or value > 0, f"Train.{name}={value} must be a positive "
                    "integer or None")
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "keep_checkpoints",
@@ -311,6 +324,12 @@ class Config:
         check_plan(self.model, self.parallel)
         par, m = self.parallel, self.model
         per_shard = self.train.batch_size // par.data
+        group = self.train.loss_group_rows
+        _check(group is None or per_shard % group == 0,
+               f"Train.loss_group_rows={group} does not divide the batch of a data shard "
+               f"(Train.batch_size / Parallel.data = {per_shard})")
+        _check(group is None or par.pipe == 1, "Train.loss_group_rows is not supported with "
+               "pipeline parallelism yet; use Parallel.pipe=1")
         _check(per_shard % par.grad_accum == 0,
                f"Parallel.grad_accum={par.grad_accum} does not divide the batch of a data shard "
                f"(Train.batch_size / Parallel.data = {per_shard})")

@@ -19,7 +19,9 @@ at ``--seq_len`` / ``--batch_size`` / ``--dtype`` (default: the run's). The mesh
 needs more devices than this host has and no binding was given, one device is used. CPU-only
 hosts simulate the devices a mesh needs, as the trainer does. ``Data.*`` bindings apply too
 (e.g. ``Data.packing='document'``); the model is always the run's. Prints ``loss``,
-``perplexity``, the tokens evaluated and which eval split was scored (a held-out validation
+``perplexity``, the low-rank papers' figures (their definition, docs/guides/eval.md; with
+``--cola_tokens=10000000`` their stopping rule), the tokens evaluated and which eval split was
+scored (a held-out validation
 input, or the tail of the training shards: data/prepare.py), or with ``--json`` one JSON
 object.
 
@@ -70,6 +72,9 @@ def define_flags() -> None:
                       "Train.dtype)")
     flags.DEFINE_integer("max_batches", None, "perplexity: evaluate only the first N global "
                          "batches (default: every full batch of the eval split)")
+    flags.DEFINE_integer("cola_tokens", None, "perplexity: stop as the low-rank papers' "
+                         "evaluation does, once more than N tokens were seen (theirs: "
+                         "10000000), in batches of the run's Train.loss_group_rows rows")
     flags.DEFINE_bool("json", False, "print the result as one JSON object")
     flags.DEFINE_list("tasks", None, "lm-eval tasks (names or glob patterns) to run instead "
                       "of the perplexity; needs pip install -e \".[eval]\"")
@@ -129,8 +134,9 @@ def _print_perplexity(trained, result) -> None:
     say(f"loss        {result.loss:.4f}")
     say(f"perplexity  {result.perplexity:.2f}")
     say(f"            (the mean over every token evaluated; by the low-rank papers' definition, "
-        f"the {result.batches} batches' mean losses summed over {result.batches + 1}: loss "
-        f"{result.cola_loss:.4f}, perplexity {result.cola_perplexity:.2f})")
+        f"the {result.cola_batches} batches' mean losses summed over "
+        f"{result.cola_batches + 1}: loss {result.cola_loss:.4f}, perplexity "
+        f"{result.cola_perplexity:.2f})")
     say(f"tokens      {result.tokens:,} in {result.batches} batches of {result.batch_size} x "
         f"{result.seq_len}{left}")
     say(f"mesh        {mesh}, {result.dtype}, {duration(result.seconds)}")
@@ -195,7 +201,8 @@ def evaluate() -> int:
     if FLAGS.tasks:
         return _run_tasks(trained, config)
     _print_perplexity(trained, evaluate_perplexity(trained.params, config, devices,
-                                                   FLAGS.max_batches))
+                                                   FLAGS.max_batches,
+                                                   cola_tokens=FLAGS.cola_tokens))
     return 0
 
 

@@ -3,8 +3,9 @@
 The run's parameters (fp32, canonical layout, read by :func:`~boost_jax.train.trained.load_trained`)
 are placed on a ``(data, pipe, tensor)`` mesh by the trainer's
 :class:`~boost_jax.parallel.runner.ShardedModel` and scored by the trainer's eval step
-(:func:`~boost_jax.train.step.make_eval_step`: the sharded loss, pipelined or tensor-parallel
-as the mesh says), summed by the trainer's own :func:`~boost_jax.train.step.evaluate`. Every
+(:func:`~boost_jax.evaluation.loss.make_eval_step`: the sharded loss, pipelined or
+tensor-parallel as the mesh says), summed by the trainer's own
+:func:`~boost_jax.evaluation.loss.evaluate`. Every
 full global batch of the eval split is evaluated, in order (or the
 first ``max_batches``); the first ``Train.eval_batches`` of them are the batches the trainer
 evaluates. The loss is the mean over every token evaluated (token-weighted across batches, so
@@ -34,10 +35,10 @@ import jax.numpy as jnp
 from boost_jax.config import Config, ConfigError, Parallel
 from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
 from boost_jax.data.prepare import eval_split_label
+from boost_jax.evaluation.loss import evaluate, make_eval_step
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.progress import say
-from boost_jax.train.step import evaluate, make_eval_step
 
 #: the one-device mesh used when the run's mesh does not fit (and no mesh was asked for)
 ONE_DEVICE = Parallel(data=1, pipe=1, tensor=1, tp_plan="none")
@@ -60,8 +61,10 @@ class Perplexity:
     seconds: float
     eval_split: str = ""  # what the eval split is (data/prepare.py: eval_split_label)
     #: the CoLA/LORO/GaLore papers' definition of the same batches
-    #: (:attr:`~boost_jax.train.step.EvalTotals.cola_loss`)
+    #: (:attr:`~boost_jax.evaluation.loss.EvalTotals.cola_loss`) and its batches (groups of
+    #: ``Train.loss_group_rows`` rows, or the global batches)
     cola_loss: float = float("nan")
+    cola_batches: int = 0
 
     @property
     def perplexity(self) -> float:
@@ -146,12 +149,14 @@ def _no_batches(ds: Dataset, config: Config) -> ConfigError:
 # --- evaluation ---------------------------------------------------------------------------
 def evaluate_perplexity(params: dict, config: Config,
                         devices: Sequence[jax.Device] | None = None,
-                        max_batches: int | None = None, progress_every: float = 30.0
-                        ) -> Perplexity:
+                        max_batches: int | None = None, progress_every: float = 30.0,
+                        cola_tokens: int | None = None) -> Perplexity:
     """Perplexity of ``params`` (canonical, host arrays) on the eval split of
     ``config.data`` at ``config.train.seq_len`` / ``batch_size`` / ``dtype``, on the mesh
     ``config.parallel`` over ``devices`` (default: all); see the module docstring. A status
-    line goes to stderr every ``progress_every`` seconds."""
+    line goes to stderr every ``progress_every`` seconds. ``cola_tokens``: stop as the
+    low-rank papers' evaluation does, once more than this many tokens were seen (counted as
+    they count: evaluation/loss.py)."""
     start = time.perf_counter()
     if max_batches is not None and max_batches < 1:
         raise ConfigError(f"--max_batches={max_batches} must be a positive integer")
@@ -181,7 +186,8 @@ def evaluate_perplexity(params: dict, config: Config,
                                                    (t.batch_size, v.shape[1]))
          for k, v in local.items()}
         for local in iter_eval_batches(ds, t.seq_len, t.batch_size, rows, max_batches))
-    totals = evaluate(eval_step, placed, global_batches, progress)
+    totals = evaluate(eval_step, placed, global_batches, progress, t.loss_group_rows,
+                      cola_tokens, counted_per_row=int(ds.data.packing == "pad"))
     batches = totals.batches
     if batches == 0:
         raise _no_batches(ds, config)
@@ -190,5 +196,5 @@ def evaluate_perplexity(params: dict, config: Config,
         left_out = len(ds.sequences("eval", t.seq_len)) - batches * t.batch_size
     return Perplexity(totals.loss, totals.tokens, batches, left_out, t.seq_len, t.batch_size,
                       config.data.path, dict(mesh.shape), t.dtype, time.perf_counter() - start,
-                      eval_split_label(ds.meta), totals.cola_loss)
+                      eval_split_label(ds.meta), totals.cola_loss, totals.groups)
 

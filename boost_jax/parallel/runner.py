@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import ConfigError, Model, Parallel
 from boost_jax.models.attention import Segments, packed_slots, resolve_attention
-from boost_jax.models.batch import loss_sum, segments, token_count
+from boost_jax.models.batch import loss_share, row_sums, segments, token_count
 from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.init import STACKED, init_params, map_blocks, param_shapes, param_specs
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
@@ -195,21 +195,45 @@ class ShardedModel:
             params = jax.tree.map(cast, params)
         return bind(self.cfg, params)
 
-    def local_loss(self, params: dict, batch: dict, n_tokens: int | jax.Array) -> jax.Array:
-        """This device's share of the mean loss: the sum of its tokens' cross-entropies over
-        ``n_tokens`` (the step's global count of tokens that count, models/batch.py), zero on
-        all but the last pipeline stage; summed over :attr:`loss_axes` it is the mean.
-        ``batch``: this data shard's rows (int ``[b, s]`` each); ``params``: as for
-        :meth:`bound`."""
+    def _token_loss(self, params: dict, batch: dict) -> jax.Array:
+        """This device's per-token cross-entropies ``[b, s]`` of its data shard's rows (under
+        the pipeline, of the tokens its stage computes, zero elsewhere)."""
         model = self.bound(params)
         inputs, targets, segs = batch["inputs"], batch["targets"], segments(batch)
         if self.pipelined:
             par = self.parallel
-            per_token = pipeline_token_loss(model, self.plan, inputs, targets,
-                                            par.microbatches, self.repeats, segs)
-        else:
-            per_token = model.token_loss(inputs, targets, self.plan, segs)
-        return loss_sum(per_token, batch) / n_tokens
+            return pipeline_token_loss(model, self.plan, inputs, targets, par.microbatches,
+                                       self.repeats, segs)
+        return model.token_loss(inputs, targets, self.plan, segs)
+
+    def local_loss(self, params: dict, batch: dict, n_tokens: int | jax.Array) -> jax.Array:
+        """This device's share of the mean loss: the sum of its tokens' cross-entropies over
+        ``n_tokens`` (the step's global count of tokens that count, or per-row denominators
+        ``[b, 1]``: models/batch.py :func:`~boost_jax.models.batch.loss_share`), zero on
+        all but the last pipeline stage; summed over :attr:`loss_axes` it is the mean.
+        ``batch``: this data shard's rows (int ``[b, s]`` each); ``params``: as for
+        :meth:`bound`."""
+        return loss_share(self._token_loss(params, batch), batch, n_tokens)
+
+    def row_losses(self, params: dict, batch: dict) -> jax.Array:
+        """fp32 ``[batch]`` (on ``data``): each row's sum of the cross-entropies of its tokens
+        that count, for the global ``batch`` (evaluation: any grouping of rows is a host-side
+        sum of these)."""
+        if self.gspmd:
+            model = bind(self.cfg, params, self.dtype)
+            p = self.plan
+            local = Plan(p.grouped, p.remat, attention=p.attention,
+                         packed_attention=p.packed_attention, segment_slots=p.segment_slots)
+            return row_sums(model.token_loss(batch["inputs"], batch["targets"], local,
+                                             segments(batch)), batch)
+
+        def local(params, batch):
+            params = self.layout.gather_globals(params, self.dtype)
+            rows = row_sums(self._token_loss(params, batch), batch)
+            return jax.lax.psum(rows, PIPE) if self.pipelined else rows
+
+        specs = (self.param_specs, {k: BATCH_SPEC for k in batch})
+        return self.region(local, specs, P(DATA))(params, batch)
 
     # --- whole-mesh functions --------------------------------------------------------------
     def loss(self, params: dict, batch: dict, n_tokens: int | jax.Array | None = None
@@ -227,7 +251,7 @@ class ShardedModel:
                          packed_attention=p.packed_attention, segment_slots=p.segment_slots)
             per_token = model.token_loss(batch["inputs"], batch["targets"], local,
                                          segments(batch))
-            return loss_sum(per_token, batch) / n_tokens
+            return loss_share(per_token, batch, n_tokens)
 
         def local(params, batch, n_tokens):
             # marked varying where replicated: a gradient taken from outside is then reduced

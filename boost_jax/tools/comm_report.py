@@ -70,7 +70,7 @@ def compile_step(config: Config, devices=None, gspmd: bool = False,
     opt = make_optimizer(t, model)  # as the trainer builds them (train/loop.py)
     packed = config.data.packed
     return model, opt, compile_train_step(model, opt, t.batch_size, t.seq_len, packed,
-                                          compiler_options)
+                                          compiler_options, t.loss_group_rows)
 
 
 def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mesh=None,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from boost_jax.config import ConfigError, Model, Train
-from boost_jax.train.optimizer import Optimizer, decay_mask, lr_schedule
+from boost_jax.train.optimizer import Optimizer, lr_schedule, weight_decay_mask
 
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel
@@ -25,7 +25,8 @@ def make_adamw(train: Train, model: ShardedModel | Model | None = None) -> Optim
     ``Train.factor_lr_scale`` (which, negative, needs ``model``: a ShardedModel or a Model)."""
     schedule = lr_schedule(train)
     tx = optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=1e-8,
-                     weight_decay=train.weight_decay, mask=decay_mask)
+                     weight_decay=train.weight_decay,
+                     mask=weight_decay_mask(train))
     if train.factor_lr_scale != 1.0:
         cfg = model if isinstance(model, Model) else getattr(model, "cfg", None)
         if cfg is None and train.factor_lr_scale < 0:

@@ -42,6 +42,7 @@ from boost_jax.analysis.flops import peak_flops, train_flops_per_token
 from boost_jax.config import Config, ConfigError
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.data.prepare import eval_split_label
+from boost_jax.evaluation.loss import evaluate, make_eval_step
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
@@ -63,10 +64,8 @@ from boost_jax.train.signals import StopRequest
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
-    evaluate,
     from_checkpoint_layout,
     init_state,
-    make_eval_step,
     stop_flags,
     to_checkpoint_layout,
 )
@@ -218,7 +217,8 @@ class _Run:
         kind = mesh.devices.flat[0].device_kind
         with self.goodput.timed("compile"), compiling("the train step"):
             self.step_fn = compile_train_step(self.model, self.opt, t.batch_size, t.seq_len,
-                                              self.config.data.packed)
+                                              self.config.data.packed,
+                                              group_rows=t.loss_group_rows)
         self.eval_fn = make_eval_step(self.model)
         say(f"training steps {start + 1}..{t.steps} of {tokens:,} tokens on a "
             f"{' x '.join(f'{k}={v}' for k, v in mesh.shape.items())} mesh of {kind}")
@@ -241,13 +241,14 @@ class _Run:
         if not self.evals:
             return None
         with self.report.paused("eval"):
-            totals = evaluate(self.eval_fn, params, self.evals)
+            totals = evaluate(self.eval_fn, params, self.evals,
+                              group_rows=self.t.loss_group_rows)
         loss, cola = totals.loss, totals.cola_loss  # the two definitions: docs/guides/eval.md
         self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss),
                                  "eval_cola_loss": cola}, prefix="eval")
         say(f"eval at step {step}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} (token "
-            f"mean); CoLA's definition {cola:.4f}, {math.exp(cola):.2f} (batch means over "
-            "batches + 1)")
+            f"mean); the low-rank papers' definition {cola:.4f}, {math.exp(cola):.2f} (the "
+            f"{totals.groups} batches' means over {totals.groups + 1})")
         return loss
 
     def sample(self, step: int, params: dict) -> None:

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from boost_jax.config import Train
-from boost_jax.train.optimizer import decay_mask
+from boost_jax.train.optimizer import weight_decay_mask
 
 #: LOROAdamW's eps (loro_optim.py:140): the factors' directions and the 'authors' regular rule
 LORO_EPS = 1e-6
@@ -62,7 +62,7 @@ def moments(train: Train, schedule: optax.Schedule) -> optax.GradientTransformat
     """The ``optax.adamw`` whose state holds every parameter's moments (and whose updates are
     the 'adamw' regular rule)."""
     return optax.adamw(schedule, b1=train.beta1, b2=train.beta2, eps=ADAMW_EPS,
-                       weight_decay=train.weight_decay, mask=decay_mask)
+                       weight_decay=train.weight_decay, mask=weight_decay_mask(train))
 
 
 def adam_state(state: optax.OptState) -> optax.ScaleByAdamState:

@@ -29,21 +29,31 @@ NO_DECAY = frozenset({"attn_norm", "mlp_norm", "final_norm", "norm_scale", "norm
 def lr_schedule(train: Train) -> optax.Schedule:
     """Learning rate of the update made *at* optimizer step ``count`` (0-based).
 
-    Warm-up is linear and the first update already uses ``lr / warmup_steps``; the cosine runs
-    to ``min_lr_ratio * lr`` at ``Train.horizon`` and stays there.
+    Warm-up is linear and the first update already uses ``lr / warmup_steps`` -- or, with
+    ``Train.warmup_from_zero``, uses 0 and update ``k`` uses ``k / warmup_steps * lr``, as the
+    low-rank papers' ``LambdaLR`` (alvin-zyl/CoLA ``pretraining_utils/training_utils.py``
+    lines 133-144: ``cycle_step / warmup``, then the same cosine); the cosine runs to
+    ``min_lr_ratio * lr`` at ``Train.horizon`` and stays there (theirs restarts a cycle).
     """
     peak, floor = train.learning_rate, train.learning_rate * train.min_lr_ratio
     if train.warmup_steps == 0:
         base = optax.cosine_decay_schedule(peak, train.horizon, alpha=train.min_lr_ratio)
         return lambda count: base(count)
     base = optax.warmup_cosine_decay_schedule(0.0, peak, train.warmup_steps, train.horizon, floor)
-    return lambda count: base(count + 1)
+    offset = 0 if train.warmup_from_zero else 1
+    return lambda count: base(count + offset)
 
 
 def decay_mask(params: dict) -> dict:
-    """True for every parameter that gets weight decay."""
+    """True for every parameter that gets weight decay (all but :data:`NO_DECAY`)."""
     return jax.tree_util.tree_map_with_path(
         lambda path, _: not any(getattr(k, "key", None) in NO_DECAY for k in path), params)
+
+
+def weight_decay_mask(train: Train):
+    """The mask AdamW's weight decay takes: :func:`decay_mask`, or ``None`` (every parameter)
+    with ``Train.decay_norms``."""
+    return None if train.decay_norms else decay_mask
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,9 +16,8 @@ steps as one global program under ``jit``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from boost_jax import compat
-from boost_jax.models.batch import batch_keys, token_count
+from boost_jax.models.batch import batch_keys, group_denominators, token_count
 from boost_jax.parallel.plans.base import DATA, MESH_AXES
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
 from boost_jax.train.optimizer import Optimizer, clip_by_norm
@@ -134,15 +133,37 @@ def global_token_count(model: ShardedModel, batch: dict) -> int | jax.Array:
     return count * data if isinstance(count, int) else lax.psum(count, DATA)
 
 
-def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
+#: the batch key under which :func:`local_grads` carries per-row loss denominators
+_DENOMINATOR = "loss_denominator"
+
+
+def _grad_fn(loss_fn, batch: dict, n_tokens, group_rows: int | None, groups: int):
+    """``(batch, grad_fn)``: ``grad_fn(p, b) -> (loss, grads)`` of ``loss_fn(p, b, n)``, with
+    ``n`` the step's token count, or with ``group_rows`` per-row denominators carried in the
+    batch (so micro-steps take them with their rows; models/batch.py
+    :func:`~boost_jax.models.batch.group_denominators`)."""
+    if group_rows is None:
+        return batch, lambda p, b: jax.value_and_grad(loss_fn)(p, b, n_tokens)
+    batch = {**batch, _DENOMINATOR: group_denominators(batch, group_rows, groups)}
+
+    def grad_fn(p, b):
+        b = dict(b)
+        return jax.value_and_grad(loss_fn)(p, b, b.pop(_DENOMINATOR))
+
+    return batch, grad_fn
+
+
+def local_grads(model: ShardedModel, params: dict, batch: dict,
+                group_rows: int | None = None) -> tuple[jax.Array, dict]:
     """Per device, inside the region: the mean loss of the global step and its gradients
     with respect to ``params`` (stored layout), accumulated over ``Parallel.grad_accum``
     micro-steps and reduced over ``data`` by the zero stage (laid out by
-    ``model.layout.moment_specs``). ``batch``: this data shard's rows."""
-    n_tokens = global_token_count(model, batch)
-
-    def grad_fn(p, b):
-        return jax.value_and_grad(model.local_loss)(p, b, n_tokens)
+    ``model.layout.moment_specs``). ``batch``: this data shard's rows. ``group_rows``
+    (``Train.loss_group_rows``): the loss is the mean of the token means of groups of that
+    many consecutive rows (which divides this shard's rows) instead of the token mean."""
+    n_tokens = None if group_rows else global_token_count(model, batch)
+    groups = batch["inputs"].shape[0] * model.mesh.shape[DATA] // (group_rows or 1)
+    batch, grad_fn = _grad_fn(model.local_loss, batch, n_tokens, group_rows, groups)
 
     layout = model.layout
     # FSDP: the non-layer parameters gathered in the compute dtype (the loss casts them to it
@@ -154,22 +175,24 @@ def local_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Arr
     return loss, layout.reduce(grads)
 
 
-def global_grads(model: ShardedModel, params: dict, batch: dict) -> tuple[jax.Array, dict]:
+def global_grads(model: ShardedModel, params: dict, batch: dict,
+                 group_rows: int | None = None) -> tuple[jax.Array, dict]:
     """The GSPMD baseline's loss and gradients (global arrays, plain ``jit``)."""
-    n_tokens = token_count(batch)
-    grad_fn = jax.value_and_grad(lambda p, b: model.loss(p, b, n_tokens))
+    groups = batch["inputs"].shape[0] // (group_rows or 1)
+    batch, grad_fn = _grad_fn(model.loss, batch, token_count(batch), group_rows, groups)
     return accumulate(grad_fn, params, batch, model.parallel.grad_accum)
 
 
-def make_grad_fn(model: ShardedModel):
+def make_grad_fn(model: ShardedModel, group_rows: int | None = None):
     """``grads(params, batch) -> (loss, grads)``, jitted: the train step's gradients before
-    clipping, laid out like the optimizer moments (for tests and analysis)."""
+    clipping, laid out like the optimizer moments (for tests and analysis); ``group_rows``:
+    ``Train.loss_group_rows``."""
     out = (P(), model.layout.moment_specs)
     if model.gspmd:
-        fn = functools.partial(global_grads, model)
+        fn = functools.partial(global_grads, model, group_rows=group_rows)
     else:
         def fn(params, batch):
-            return model.region(functools.partial(local_grads, model),
+            return model.region(functools.partial(local_grads, model, group_rows=group_rows),
                                 (model.param_specs, _batch_specs(batch)), out)(params, batch)
     return jax.jit(fn, in_shardings=(model.param_shardings, model.batch_sharding),
                    out_shardings=model.named(out))
@@ -250,8 +273,9 @@ def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm,
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
 
-def make_train_step(model: ShardedModel, opt: Optimizer):
-    """``step(state, batch, stop) -> (state, metrics)``, jitted with the state donated.
+def make_train_step(model: ShardedModel, opt: Optimizer, group_rows: int | None = None):
+    """``step(state, batch, stop) -> (state, metrics)``, jitted with the state donated;
+    ``group_rows``: ``Train.loss_group_rows`` (:func:`local_grads`).
 
     ``batch`` holds global int32 ``[batch, seq]`` arrays sharded on ``data``
     (models/batch.py: ``inputs``/``targets``, and the packing keys for packed rows); ``stop``
@@ -262,12 +286,12 @@ def make_train_step(model: ShardedModel, opt: Optimizer):
     specs = state_specs(model, opt)
     if model.gspmd:
         def step(state, batch, stop):
-            loss, grads = global_grads(model, state["params"], batch)
+            loss, grads = global_grads(model, state["params"], batch, group_rows)
             return _update(model, opt, state, loss, grads, optax.global_norm(grads),
                            jnp.sum(stop, axis=0))
     else:
         def local_step(state, batch, stop):
-            loss, grads = local_grads(model, state["params"], batch)
+            loss, grads = local_grads(model, state["params"], batch, group_rows)
             norm, counts = model.layout.global_norm(grads, riders=stop)
             return _update(model, opt, state, loss, grads, norm, counts)
 
@@ -289,86 +313,13 @@ def abstract_batch(model: ShardedModel, batch_size: int, seq_len: int, packed: b
 
 
 def compile_train_step(model: ShardedModel, opt: Optimizer, batch_size: int, seq_len: int,
-                       packed: bool = False, compiler_options: dict[str, str] | None = None):
+                       packed: bool = False, compiler_options: dict[str, str] | None = None,
+                       group_rows: int | None = None):
     """The train step compiled ahead of time for abstract inputs (no data, no parameters);
     ``compiler_options``: XLA options for this compile (``{"xla_gpu_...": "true"}``), over
-    ``XLA_FLAGS``."""
+    ``XLA_FLAGS``; ``group_rows``: ``Train.loss_group_rows``."""
     stop = jax.ShapeDtypeStruct((model.mesh.size, len(STOP_SIGNALS)), jnp.float32,
                                 sharding=NamedSharding(model.mesh, STOP_SPEC))
-    return make_train_step(model, opt).lower(
+    return make_train_step(model, opt, group_rows).lower(
         abstract_state(model, opt), abstract_batch(model, batch_size, seq_len, packed),
         stop).compile(compiler_options=compiler_options)
-
-
-def make_eval_step(model: ShardedModel):
-    """``eval_step(params, batch) -> (mean loss, tokens)`` of one global batch: replicated
-    scalars, ``tokens`` the int32 count of targets that count (models/batch.py)."""
-    replicated = NamedSharding(model.mesh, P())
-
-    def step(params, batch):
-        return model.loss(params, batch), jnp.asarray(token_count(batch), jnp.int32)
-
-    return jax.jit(step, in_shardings=(model.param_shardings, model.batch_sharding),
-                   out_shardings=(replicated, replicated))
-
-
-#: how the low-rank papers' evaluation divides (alvin-zyl/CoLA ``main.py`` ``evaluate_model``:
-#: ``total_batches = 1`` before the loop, line 151, ``+= 1`` per batch, line 162,
-#: ``total_loss / total_batches``, line 175): by the batches evaluated plus one
-COLA_EXTRA_BATCHES = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalTotals:
-    """What :func:`evaluate` summed, in nats: the loss over every token that counts
-    (``loss_sum``, ``tokens``) and the per-batch mean losses (``mean_sum``, ``batches``)."""
-
-    loss_sum: float
-    tokens: int
-    batches: int
-    mean_sum: float = 0.0
-
-    @property
-    def loss(self) -> float:
-        """The token-weighted mean (NaN when nothing was evaluated): this project's
-        definition."""
-        return self.loss_sum / self.tokens if self.tokens else float("nan")
-
-    @property
-    def cola_loss(self) -> float:
-        """The definition of the CoLA, LORO and GaLore papers' tables (their shared
-        ``evaluate_model``): the sum of the per-batch mean losses over the number of batches
-        *plus one* (:data:`COLA_EXTRA_BATCHES`), neither a token-weighted mean nor a mean of
-        batches; NaN when nothing was evaluated. One process's figure: theirs averages each
-        rank's over its own batches."""
-        return self.mean_sum / (self.batches + COLA_EXTRA_BATCHES) if self.batches else \
-            float("nan")
-
-
-def evaluate(eval_step, params, batches: Iterable[dict],
-             on_batch: Callable[[int], None] | None = None) -> EvalTotals:
-    """The one evaluation of the trainer and ``python -m boost_jax.eval``: ``eval_step``
-    (:func:`make_eval_step`) over global ``batches``, each batch's mean weighted by its token
-    count (packed batches with padding count what they hold) and, for the papers' definition
-    (:attr:`EvalTotals.cola_loss`), unweighted, summed in float64 on the host,
-    one batch in flight while the previous one is read. ``on_batch(n)`` after the n-th."""
-    loss_sum, mean_sum, tokens, n, pending = 0.0, 0.0, 0, 0, None
-
-    def read() -> None:
-        nonlocal loss_sum, mean_sum, tokens, n
-        loss, count = jax.device_get(pending)
-        loss_sum += float(loss) * int(count)
-        mean_sum += float(loss)
-        tokens += int(count)
-        n += 1
-        if on_batch is not None:
-            on_batch(n)
-
-    for batch in batches:
-        out = eval_step(params, batch)
-        if pending is not None:
-            read()
-        pending = out
-    if pending is not None:
-        read()
-    return EvalTotals(loss_sum, tokens, n, mean_sum)
