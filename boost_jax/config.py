@@ -172,7 +172,8 @@ class Train:
     schedule_steps: int | None = _field(None, "cosine horizon (None: steps); pin it to extend a "
                                         "run", NOTE)
     weight_decay: float = _field(0.01, "AdamW weight decay", NOTE)
-    grad_clip: float = _field(0.5, "clip the global gradient norm to this", NOTE)
+    grad_clip: float = _field(0.5, "clip the global gradient norm to this (0: no clipping)",
+                              NOTE)
     warmup_from_zero: bool = _field(False, "the first update at learning rate 0, as the "
                                     "low-rank papers' LambdaLR warm-up (alvin-zyl/CoLA "
                                     "training_utils.py line 139); False: at lr / "
@@ -273,6 +274,8 @@ class Train:
                f"{self.horizon})")
         _check(self.eval_batches >= 0, f"Train.eval_batches={self.eval_batches} must be >= 0")
         _check(self.learning_rate > 0, f"Train.learning_rate={self.learning_rate} must be > 0")
+        _check(self.grad_clip >= 0, f"Train.grad_clip={self.grad_clip} must be >= 0 (0: no "
+               "clipping)")
         _check(0.0 <= self.min_lr_ratio <= 1.0,
                f"Train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
 

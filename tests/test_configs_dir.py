@@ -39,6 +39,9 @@ COLA = {"60m": (6e-3, 10_000, 2_000, 512, 8, 1376, 128, False),
         "350m": (3e-3, 60_000, 6_000, 1024, 24, 2736, 256, True),
         "1b": (2e-3, 100_000, 10_000, 2048, 24, 5461, 512, True)}
 
+#: --batch_size (BZ) of scripts/cola_scripts/cola<size>.sh: the rows of one GPU's micro-batch
+BZ = {"60m": 256, "130m": 256, "350m": 64, "1b": 32}
+
 
 @pytest.mark.parametrize("size", COLA)
 def test_the_cola_recipes_are_the_authors_scripts(size):
@@ -53,4 +56,29 @@ def test_the_cola_recipes_are_the_authors_scripts(size):
                                                                     m.attn_rank)
     assert (t.batch_size, t.seq_len, t.dtype, t.weight_decay, t.grad_clip, t.min_lr_ratio,
             t.eval_every) == (512, 256, "bfloat16", 0.01, 0.5, 0.1, 1000)
+    assert cfg.data.packing == "pad"
+    assert (t.warmup_from_zero, t.decay_norms, t.loss_group_rows) == (True, True, BZ[size])
+
+
+#: mzf666/LORO-main at 4da57b6: scripts/loro_c4/llama_<size>.sh (rank, freq, --lr,
+#: --num_training_steps, --warmup_steps, --batch_size) and configs/llama_<size>.json
+LORO = {"60m": (128, 500, 1e-2, 10_000, 1_000, 256, 512, 1376),
+        "130m": (256, 500, 1e-2, 20_000, 2_000, 128, 768, 2048),
+        "350m": (256, 500, 1e-2, 60_000, 2_000, 64, 1024, 2736),
+        "1b": (512, 200, 5e-3, 100_000, 10_000, 32, 2048, 5461)}
+
+
+@pytest.mark.parametrize("size", LORO)
+def test_the_loro_recipes_are_the_authors_scripts(size):
+    """configs/loro/loro_<size>.gin: the authors' LORO runs (svd LLaMA, Xavier factors, no
+    weight decay, no clipping) on the papers' rows."""
+    parse_gin(files=[str(CONFIGS_DIR / "loro" / f"loro_{size}.gin")])
+    cfg = load_config()
+    m, t = cfg.model, cfg.train
+    assert (m.attn_rank, t.loro_exact_every, t.learning_rate, t.steps, t.warmup_steps,
+            t.loss_group_rows, m.d_model, m.d_ff) == LORO[size]
+    assert (m.arch, m.lowrank_init, m.vocab_size, m.tie_embeddings, m.mlp_rank) == (
+        "svd", "loro", 32000, False, m.attn_rank)
+    assert (t.optimizer, t.weight_decay, t.grad_clip, t.warmup_from_zero, t.batch_size,
+            t.seq_len, t.dtype) == ("loro", 0.0, 0.0, True, 512, 256, "bfloat16")
     assert cfg.data.packing == "pad"

@@ -185,7 +185,10 @@ def test_every_benchmark_the_docs_name_exists():
 OTHER_PROGRAMS_FLAGS = {"index-url", "no-deps", "target", "nodes", "signal", "kill-on-bad-exit",
                         "strict", "no-loadscope-reorder",
                         # the LORO authors' run_c4.py, cited in the LORO section
-                        "loro_lr_scaler", "loro_refresh", "lr_adjust_steps", "weight_decay"}
+                        "loro_lr_scaler", "loro_refresh", "lr_adjust_steps", "weight_decay",
+                        # the CoLA authors' main.py, cited in the reproduction guide, and the
+                        # generator that runs it (tests/golden/make_cola_protocol.py)
+                        "grad_clipping", "num_training_steps", "cola_repo"}
 ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile"}
 
 

@@ -241,8 +241,7 @@ class _Run:
         if not self.evals:
             return None
         with self.report.paused("eval"):
-            totals = evaluate(self.eval_fn, params, self.evals,
-                              group_rows=self.t.loss_group_rows)
+            totals = evaluate(self.eval_fn, params, self.evals, None, self.t.loss_group_rows)
         loss, cola = totals.loss, totals.cola_loss  # the two definitions: docs/guides/eval.md
         self.writer.write(step, {"eval_loss": loss, "eval_ppl": math.exp(loss),
                                  "eval_cola_loss": cola}, prefix="eval")

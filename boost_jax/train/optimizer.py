@@ -77,7 +77,10 @@ class Optimizer:
 
 def clip_by_norm(grads, norm: jax.Array, max_norm: float):
     """``optax.clip_by_global_norm`` with the norm given: gradients scaled by
-    ``max_norm / norm`` when ``norm`` exceeds it. (A scalar factor times each gradient: XLA
-    fuses the product into the update instead of writing the clipped gradients out.)"""
+    ``max_norm / norm`` when ``norm`` exceeds it; unchanged when ``max_norm`` is 0 (no
+    clipping, as the papers' ``--grad_clipping 0``). (A scalar factor times each gradient:
+    XLA fuses the product into the update instead of writing the clipped gradients out.)"""
+    if max_norm <= 0:
+        return grads
     scale = jnp.where(norm >= max_norm, max_norm / norm, 1.0)
     return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)

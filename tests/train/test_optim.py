@@ -39,3 +39,17 @@ def test_the_factors_update_is_scaled(scale):
     assert seen == {"qkv", "o", "gate_up", "down"}
     with pytest.raises(ConfigError, match="factor_lr_scale=0"):
         Train(factor_lr_scale=0)
+
+
+def test_grad_clip_zero_means_no_clipping():
+    """``Train.grad_clip=0`` (the LORO scripts' ``--grad_clipping 0``) leaves the gradients
+    as they are; a positive one scales them to it; a negative one is refused."""
+    from boost_jax.train.optimizer import clip_by_norm
+
+    grads = {"w": jnp.full((3,), 4.0)}
+    norm = jnp.linalg.norm(grads["w"])
+    np.testing.assert_array_equal(clip_by_norm(grads, norm, 0.0)["w"], grads["w"])
+    np.testing.assert_allclose(jnp.linalg.norm(clip_by_norm(grads, norm, 0.5)["w"]), 0.5,
+                               rtol=1e-6)
+    with pytest.raises(ConfigError, match="grad_clip"):
+        Train(grad_clip=-1.0)
