@@ -27,7 +27,6 @@ them, and a fresh workdir starts from those copies (train/run_files.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import time
@@ -50,11 +49,10 @@ from boost_jax.train import checkpoint_lease, checkpoint_record, data_state, wor
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.disk_errors import writing
 from boost_jax.train.goodput import Goodput, read_history
-from boost_jax.train.goodput import summary as goodput_summary
 from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer
 from boost_jax.train.profiling import StepProfiler
-from boost_jax.train.progress import compiling, duration, say
+from boost_jax.train.progress import compiling, say
 from boost_jax.train.report import Diverged
 from boost_jax.train.report import Reporter as _Reporter
 from boost_jax.train.resume import check_data, check_resume
@@ -69,27 +67,10 @@ from boost_jax.train.step import (
     stop_flags,
     to_checkpoint_layout,
 )
+from boost_jax.train.summary import Summary, report
 from boost_jax.train.wandb_logger import WandbRun, check_available
 from boost_jax.train.watchdog import Watchdog
 from boost_jax.train.workdir import workdir_checked
-
-
-@dataclasses.dataclass
-class Summary:
-    """What a run did (returned by :func:`run`)."""
-
-    start_step: int
-    step: int
-    final_loss: float | None
-    eval_loss: float | None
-    interrupted_by: int | None  # the agreed signal number, if a signal stopped the run
-    checkpoint_dir: str
-    metrics_file: str
-    diverged: str | None = None  # why the non-finite policy stopped the run
-
-    @property
-    def eval_ppl(self) -> float | None:
-        return None if self.eval_loss is None else math.exp(self.eval_loss)
 
 
 def _global_batch(local: dict, model: ShardedModel, global_batch: int) -> dict:
@@ -147,6 +128,8 @@ class _Run:
         self.sampler = Sampler(t, dataset.path) if t.sample_every else None
         if self.lead:
             workdir.mkdir(parents=True, exist_ok=True)
+        self.writer: MetricsWriter | None = None  # opened by compile()
+        self.closed = False
         self.ckpt = Checkpointer(checkpoint_dir or workdir / "checkpoints", t.keep_checkpoints,
                                  checkpoint_async)
         self.run_files = RunFiles(workdir, self.ckpt.directory, enabled=self.lead)
@@ -325,14 +308,20 @@ class _Run:
         return state, step, eval_loss
 
     def close(self) -> None:
-        self.ckpt.close()
-        self.writer.close()
-        self.run_files.upload()
+        """Finish the checkpoint saves, close the metrics and copy the run's files (once; each
+        part even when an earlier one raised, whose error then propagates)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.ExitStack() as parts:  # run last to first
+            parts.callback(self.run_files.upload)
+            if self.writer is not None:
+                parts.callback(self.writer.close)
+            parts.callback(self.ckpt.close)
 
 
 def _nothing_to_do(r: _Run, step: int) -> Summary:
     """A finished run rerun: nothing is trained, evaluated or written."""
-    r.ckpt.close()
     say(f"nothing to do: {r.workdir} is already trained to step {step} (Train.steps="
         f"{r.t.steps}); raise Train.steps, and pin Train.schedule_steps, to train further")
     return Summary(step, step, None, None, None, str(r.ckpt.directory),
@@ -360,7 +349,8 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
           StopRequest() as stop):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
                  allow_data_change)
-        with contextlib.closing(r.train_it):  # its prefetch thread ends, whatever happens
+        # the prefetch thread ends and the run is closed, whatever happens
+        with contextlib.closing(r), contextlib.closing(r.train_it):
             state, start = r.restore(fresh_start)
             if start >= config.train.steps:
                 return _nothing_to_do(r, start)
@@ -383,18 +373,9 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
                         r.sample(step, state["params"])
             goodput = r.goodput.record()
             r.writer.write(step, goodput, prefix="")
-            r.close()
     summary = Summary(start, step, r.report.last_loss, eval_loss, interrupted,
-                      str(r.ckpt.directory), str(r.writer.path), diverged)
-    if diverged is not None:
-        logging.error("training diverged: %s", diverged)
-    elif r.lead:
-        ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
-        loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
-        say(f"done: steps {start}->{step}, final train loss {loss}, eval perplexity {ppl}, "
-            f"{duration(time.perf_counter() - t_start)}")
-    say(goodput_summary(goodput))  # the run's time, by bucket (train/goodput.py)
-    if diverged is None:
-        say(f"checkpoints: {summary.checkpoint_dir}")
-        say(f"metrics: {summary.metrics_file} (TensorBoard: {r.workdir / 'tensorboard'})")
+                      str(r.ckpt.directory), str(r.writer.path), diverged,
+                      r.run_files.problem)
+    report(summary, goodput, time.perf_counter() - t_start, r.lead,
+           str(r.workdir / "tensorboard"))
     return summary

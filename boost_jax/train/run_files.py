@@ -18,13 +18,15 @@ bucket's copy too; its own is kept as ``metrics.stale-<step>.jsonl``. A local co
 later (the bucket's lags by at most one checkpoint interval after a kill) is kept.
 
 A copy that fails (the store unreachable) is a warning, never the run's end: the checkpoints
-are what a resume needs. When the bucket's copy cannot be read at start, nothing is written
-over it by this process.
+are what a resume needs; the next save tries again. When the bucket's copy cannot be read at
+start (after :data:`FETCH_DELAYS_S` retries), nothing is written over it by this process, and
+every save says so again, as does the run's last line (:attr:`RunFiles.problem`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from absl import logging
@@ -37,6 +39,8 @@ from boost_jax.train.wandb_logger import RUN_ID_FILE
 RUN_DIR = "run"  #: the folder, in the checkpoint directory, that holds the copies
 METRICS = "metrics.jsonl"
 MIRRORED = ("config.gin", "config.json", METRICS, RUN_ID_FILE)  #: copied to the bucket
+#: the waits before reading the bucket's copy again at start (a store's brief outage)
+FETCH_DELAYS_S = (0.5, 2.0)
 
 
 def remote_dir(checkpoint_dir: str | os.PathLike) -> epath.Path | None:
@@ -58,20 +62,32 @@ class RunFiles:
         self.workdir = Path(workdir)
         self.remote = remote_dir(checkpoint_dir) if enabled else None
         self._sent: dict[str, tuple[int, int]] = {}  # name -> (size, mtime) last copied
+        #: why the copies are not (all) on the bucket now, in words; None when they are
+        self.problem: str | None = None
+        self._unread: epath.Path | None = None  # the bucket's copy, when it could not be read
 
     def fetch(self) -> list[str]:
         """Copy ``metrics.jsonl`` (and ``wandb_run_id``) down where the workdir lacks them
-        or its metrics end earlier than the bucket's; the names copied. On a read error the
-        copies are turned off for this process (a warning), the bucket's left as they are."""
+        or its metrics end earlier than the bucket's; the names copied. A read error is
+        retried (:data:`FETCH_DELAYS_S`); if it persists, the copies stop for this process
+        (``remote`` None), the bucket's left as they are, and :meth:`upload` says so at every
+        save."""
         if self.remote is None:
             return []
-        try:
-            return self._fetch()
-        except Exception as err:  # fsspec and the stores' clients raise many types
-            logging.warning("could not read the run's files in %s (%s); they are left as they "
-                            "are and not updated by this run", self.remote, _one_line(err))
-            self.remote = None
-            return []
+        for delay in (*FETCH_DELAYS_S, None):
+            try:
+                return self._fetch()
+            except Exception as err:  # fsspec and the stores' clients raise many types
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
+                self.problem = (f"could not read the run's files in {self.remote} "
+                                f"({_one_line(err)}; {len(FETCH_DELAYS_S) + 1} tries): they "
+                                "are left as they are and not updated by this run (its "
+                                "checkpoints are saved as usual)")
+        logging.warning("%s", self.problem)
+        self._unread, self.remote = self.remote, None
+        return []
 
     def _fetch(self) -> list[str]:
         fetched = []
@@ -99,9 +115,11 @@ class RunFiles:
     def upload(self) -> list[str]:
         """Copy the files changed since the last copy to the bucket; the names copied. A
         failure is a warning (the next call tries again)."""
+        if self._unread is not None:
+            logging.warning("%s", self.problem)
         if self.remote is None:
             return []
-        sent = []
+        sent, failed = [], []
         for name in MIRRORED:
             path = self.workdir / name
             try:
@@ -116,9 +134,12 @@ class RunFiles:
             except Exception as err:  # fsspec and the stores' clients raise many types
                 logging.warning("could not copy %s to %s (%s); training goes on, the next "
                                 "checkpoint tries again", name, self.remote, _one_line(err))
+                failed.append(f"{name} ({_one_line(err)})")
                 continue
             self._sent[name] = key
             sent.append(name)
+        self.problem = (f"could not copy {', '.join(failed)} to {self.remote} at the last "
+                        "try" if failed else None)
         return sent
 
 

@@ -161,7 +161,13 @@ def local_grads(model: ShardedModel, params: dict, batch: dict,
     ``model.layout.moment_specs``). ``batch``: this data shard's rows. ``group_rows``
     (``Train.loss_group_rows``): the loss is the mean of the token means of groups of that
     many consecutive rows (which divides this shard's rows) instead of the token mean."""
-    n_tokens = None if group_rows else global_token_count(model, batch)
+    return _local_grads(model, params, batch, group_rows)[:2]
+
+
+def _local_grads(model: ShardedModel, params: dict, batch: dict, group_rows: int | None
+                 ) -> tuple[jax.Array, dict, int | jax.Array]:
+    """:func:`local_grads`, and the step's global count of tokens that count."""
+    n_tokens = global_token_count(model, batch)
     groups = batch["inputs"].shape[0] * model.mesh.shape[DATA] // (group_rows or 1)
     batch, grad_fn = _grad_fn(model.local_loss, batch, n_tokens, group_rows, groups)
 
@@ -172,7 +178,7 @@ def local_grads(model: ShardedModel, params: dict, batch: dict,
     loss, grads = accumulate(grad_fn, params, batch, model.parallel.grad_accum)
     if model.loss_axes:
         loss = lax.psum(loss, model.loss_axes)
-    return loss, layout.reduce(grads)
+    return loss, layout.reduce(grads), n_tokens
 
 
 def global_grads(model: ShardedModel, params: dict, batch: dict,
@@ -247,14 +253,14 @@ def _apply_if(finite: jax.Array, apply: Callable, *state):
 
 
 def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm,
-            stop_counts) -> tuple:
+            stop_counts, tokens) -> tuple:
     """Clip, AdamW on this device's slice of the parameters, gather the slices -- unless the
     loss or the gradient norm is not finite: then parameters and optimizer state stay as
     they were (the step counter advances, the optimizer's count does not, and ``nonfinite``
     in the metrics is 1). ``lr`` in the metrics is the learning rate of this update, read at
     the optimizer's count (:meth:`Optimizer.lr`); on a skipped step, the rate it would have
     applied, which the next update applies. ``stop_counts``: the devices flagged with each of
-    :data:`STOP_SIGNALS`, summed."""
+    :data:`STOP_SIGNALS`, summed; ``tokens``: the step's tokens that count in the loss."""
     layout = model.layout if not model.gspmd else None
     params = state["params"] if layout is None else layout.local_slice(state["params"])
 
@@ -269,7 +275,8 @@ def _update(model: ShardedModel, opt: Optimizer, state: dict, loss, grads, norm,
         params = layout.gather_slices(params)
     metrics = {"loss": loss, "grad_norm": norm, "lr": opt.lr(state["opt_state"]),
                "nonfinite": 1 - finite.astype(jnp.int32),
-               "stop_signal": _agreed_signal(stop_counts)}
+               "stop_signal": _agreed_signal(stop_counts),
+               "tokens": jnp.asarray(tokens, jnp.int32)}
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
 
@@ -280,20 +287,21 @@ def make_train_step(model: ShardedModel, opt: Optimizer, group_rows: int | None 
     ``batch`` holds global int32 ``[batch, seq]`` arrays sharded on ``data``
     (models/batch.py: ``inputs``/``targets``, and the packing keys for packed rows); ``stop``
     is :func:`stop_flags`. Metrics are replicated scalars: loss, grad_norm (before clipping),
-    lr (the learning rate applied by this step's update, see :func:`_update`), nonfinite and
-    stop_signal (the agreed signal number, 0 for none).
+    lr (the learning rate applied by this step's update, see :func:`_update`), nonfinite,
+    stop_signal (the agreed signal number, 0 for none) and tokens (the targets that count in
+    the loss: padding excluded).
     """
     specs = state_specs(model, opt)
     if model.gspmd:
         def step(state, batch, stop):
             loss, grads = global_grads(model, state["params"], batch, group_rows)
             return _update(model, opt, state, loss, grads, optax.global_norm(grads),
-                           jnp.sum(stop, axis=0))
+                           jnp.sum(stop, axis=0), token_count(batch))
     else:
         def local_step(state, batch, stop):
-            loss, grads = local_grads(model, state["params"], batch, group_rows)
+            loss, grads, tokens = _local_grads(model, state["params"], batch, group_rows)
             norm, counts = model.layout.global_norm(grads, riders=stop)
-            return _update(model, opt, state, loss, grads, norm, counts)
+            return _update(model, opt, state, loss, grads, norm, counts, tokens)
 
         def step(state, batch, stop):
             return model.region(local_step, (specs, _batch_specs(batch), STOP_SPEC),

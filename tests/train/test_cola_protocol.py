@@ -92,7 +92,8 @@ def test_training_and_evaluation_match_the_authors(dataset):
     """21 updates of our train step from their initial weights on their batches: the learning
     rate each update applies (the 21st excepted: theirs wraps to the next cosine cycle), the
     objective within 1e-5 relative, the gradient norm before clipping within 1e-4
-    (:data:`GRAD_NORM_TOL`); after 20 updates, every parameter tensor's norm within 1e-5
+    (:data:`GRAD_NORM_TOL`), the step's ``tokens`` metric their count of labels; after 20
+    updates, every parameter tensor's norm within 1e-5
     (weight decay on the norm gains shows there) and their ``evaluate_model`` number is our
     ``cola_loss`` over the eval split."""
     from boost_jax.evaluation.loss import evaluate, make_eval_step
@@ -129,9 +130,11 @@ def test_training_and_evaluation_match_the_authors(dataset):
         batch = {k: jax.device_put(np.stack([p[k] for p in picked]), model.batch_sharding)
                  for k in picked[0]}
         state, metrics = step(state, batch, stop_flags(model))
-        got.append({k: float(metrics[k]) for k in ("lr", "loss", "grad_norm")})
+        got.append({k: float(metrics[k]) for k in ("lr", "loss", "grad_norm", "tokens")})
     want = RECORD["updates"]
     assert len(got) == len(want) == 21
+    labelled = _their_rows()[1][:, 1:].sum(1).reshape(len(want), -1).sum(1)  # non-pad labels
+    assert [int(g["tokens"]) for g in got] == labelled.tolist()
     for u, (g, w) in enumerate(zip(got, want)):
         for k in ("loss", "lr", "grad_norm"):
             if k == "lr" and u == RECORD["steps"]:

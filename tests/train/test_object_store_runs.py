@@ -166,6 +166,42 @@ def test_the_run_files_rules(store, tmp_path, monkeypatch, caplog):
     assert "could not read the run's files in s3://rules/ckpt/run" in caplog.text
 
 
+def test_a_brief_outage_is_retried_and_a_lasting_one_reported_at_every_save(
+        store, tiny_data, tmp_path, monkeypatch, caplog, capsys):
+    """Reading the bucket's copy at start is retried (a first read that fails, then works,
+    fetches it); when every try fails, nothing is written over it, and the run says so at
+    each checkpoint save and in its last lines, instead of going quiet after one warning."""
+    from etils.epath import gpath
+
+    bucket = store.bucket("outage")
+    url = f"{bucket.url}/ckpt"
+    bucket.emulator.write(bucket.name, "ckpt/run/wandb_run_id", b"abc123\n")
+    read, failures = gpath.PosixGPath.read_bytes, []
+
+    def flaky(self, *args, **kwargs):
+        if self.name == "wandb_run_id" and len(failures) < budget[0]:
+            failures.append(self)
+            raise OSError("connection reset")
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr("etils.epath.gpath.PosixGPath.read_bytes", flaky)
+    monkeypatch.setattr("boost_jax.train.run_files.FETCH_DELAYS_S", (0.0, 0.0))
+    budget = [1]
+    (tmp_path / "brief").mkdir()
+    brief = RunFiles(tmp_path / "brief", url)
+    assert brief.fetch() == ["wandb_run_id"] and brief.problem is None
+    budget, failures[:] = [10**6], []
+    summary = run(_config(tiny_data, 2, checkpoint_every=1), tmp_path / "lasting",
+                  jax.devices()[:1], checkpoint_dir=url)
+    assert len(failures) == 3  # every try
+    assert bucket.keys("ckpt/run/") == ["ckpt/run/wandb_run_id"]  # nothing written over it
+    said = [r for r in caplog.records if "could not read the run's files" in r.getMessage()]
+    assert len(said) >= 1 + 2  # at start, then at each save (steps 1 and 2)
+    assert summary.mirror_problem.startswith("could not read the run's files in s3://outage")
+    assert "run files: could not read the run's files in s3://outage/ckpt/run" in (
+        capsys.readouterr().out)
+
+
 def test_export_reads_the_checkpoint_dir_on_the_bucket(s3_run, tmp_path, capsys):
     """``boost_jax.export --checkpoint_dir=s3://...`` without a workdir: the parameters of the
     same checkpoint read from a local directory, bit for bit."""

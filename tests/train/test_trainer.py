@@ -343,3 +343,28 @@ def test_the_prefetch_thread_ends_when_the_run_fails(tiny_data, tmp_path, monkey
     with pytest.raises(OSError, match="disk gone"):
         run(_config(tiny_data, 2), tmp_path / "run", jax.devices()[:1])
     assert not [t for t in threading.enumerate() if t.name.startswith("grain-thread-prefetch")]
+
+
+def test_a_run_that_fails_is_closed(tiny_data, tmp_path, monkeypatch):
+    """A run that raises after its steps (here its final checkpoint) still closes: the metrics
+    writer is closed (its lines flushed) and the checkpointer gives up its claim on the
+    directory, as a run that finishes does."""
+    from boost_jax.train import integrity, loop
+    from boost_jax.train.metrics import MetricsWriter
+
+    closed, close = [], MetricsWriter.close
+
+    def recording(self):
+        closed.append(self.path)
+        close(self)
+
+    def failing(self, step, state, wait=False):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(loop._Run, "checkpoint", failing)
+    monkeypatch.setattr(MetricsWriter, "close", recording)
+    with pytest.raises(OSError, match="disk gone"):
+        run(_config(tiny_data, 2), tmp_path / "run", jax.devices()[:1])
+    assert closed == [tmp_path / "run" / "metrics.jsonl"]
+    assert not [d for d in integrity._CLAIMED if str(tmp_path) in str(d)]
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
