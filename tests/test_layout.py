@@ -1,6 +1,7 @@
 """The package's shape: no import cycles between its modules (function-level imports
-included, ``if TYPE_CHECKING:`` ones not: they never run), and no module over
-:data:`MAX_LINES` lines."""
+included, ``if TYPE_CHECKING:`` ones not: they never run); the library's folders depend on
+each other one way (:data:`LAYERS`, ``TYPE_CHECKING`` imports counted: a type named is a
+dependency too); no module over :data:`MAX_LINES` lines."""
 
 from __future__ import annotations
 
@@ -23,20 +24,27 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_imports(tree: ast.AST):
-    """Every import statement of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+#: the library's folders that must not import each other both ways
+LAYERS = ("models", "parallel", "train", "data", "analysis", "commands")
+
+
+def _runtime_imports(tree: ast.AST, type_checking: bool = False):
+    """Every import statement of ``tree`` outside ``if TYPE_CHECKING:`` blocks (inside them
+    too with ``type_checking``)."""
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                and not type_checking):
             yield from _runtime_imports(ast.Module(node.orelse, []))
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        yield from _runtime_imports(node)
+        yield from _runtime_imports(node, type_checking)
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
     """``module -> the package modules it imports`` (``from a import b`` counts ``a.b`` when
-    that is a module, else ``a``)."""
+    that is a module, else ``a``); ``type_checking``: the imports under ``if
+    TYPE_CHECKING:`` too."""
     modules = _modules()
 
     def owner(name: str) -> str | None:
@@ -47,7 +55,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node in _runtime_imports(ast.parse(path.read_text()), type_checking):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -113,3 +121,32 @@ def test_no_module_over_the_line_bound():
     long = {name: n for name, path in _modules().items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def folder_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """``(folder, folder) -> the module imports`` between two of :data:`LAYERS`."""
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 and parts[1] in LAYERS else None
+
+    out: dict[tuple[str, str], list[str]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = folder(module), folder(target)
+            if a and b and a != b:
+                out.setdefault((a, b), []).append(f"{module} -> {target}")
+    return out
+
+
+def test_the_folders_depend_one_way():
+    """No two of :data:`LAYERS` import each other, ``TYPE_CHECKING`` imports counted
+    (``models`` knows no parallelism: ``parallel`` implements the plan interface of
+    ``models/plan.py``)."""
+    every = import_graph(type_checking=True)
+    assert sum(map(len, every.values())) > sum(map(len, import_graph().values()))
+    edges = folder_edges(every)
+    assert ("parallel", "models") in edges and ("train", "parallel") in edges  # it reads them
+    two_way = {tuple(sorted(pair)) for pair in edges if pair[::-1] in edges}
+    assert not two_way, "\n".join(
+        f"{a} <-> {b}: {edges[(a, b)][:3]} / {edges[(b, a)][:3]}" for a, b in sorted(two_way))
+

@@ -284,7 +284,7 @@ KEPT_FF_DENSE = 5  # a SwiGLU MLP's ``d_ff``-wide tensors (dense's; svd's alike)
 #: fp32 steps, which the CPU verification checks within 15 %)
 NORMS_FP32 = 4
 #: under FSDP (and the circular schedule) the blocks are checkpointed keeping the matmul
-#: outputs only (parallel/remat.py): per class what stays of :data:`KEPT` (read off the
+#: outputs only (models/remat.py): per class what stays of :data:`KEPT` (read off the
 #: compiled 1B FSDP step for 8 H100s at 4 layers), no fp32 norm copies
 KEPT_FSDP = {"residual": 3, "latent": 1, "ff": 2, "qkv": 1, "attention": 0}
 #: fp32 ``seq``-wide tensors per head kept by XLA's (non-flash) attention: scores, softmax
@@ -350,7 +350,7 @@ def _memory(model: Model, parallel: Parallel, plan: str, local_params: int, toke
         state += comm.local_parameters(model, parallel)[1] * (act + 2)
     w = _widths(model, plan, p, seq_len)
     # FSDP's blocks, and those that slice their layer from the stage's in every pipeline
-    # iteration (circular), are always checkpointed (parallel/remat.py)
+    # iteration (circular), are always checkpointed (models/remat.py)
     sliced = fsdp > 1 or parallel.repeats > 1
     checkpointed = sliced and parallel.remat == "none"
     counts = dict(KEPT_FSDP if checkpointed else KEPT)

@@ -3,9 +3,9 @@
 The run's parameters (fp32, canonical layout, read by :func:`~boost_jax.train.trained.load_trained`)
 are placed on a ``(data, pipe, tensor)`` mesh by the trainer's
 :class:`~boost_jax.parallel.runner.ShardedModel` and scored by the trainer's eval step
-(:func:`~boost_jax.evaluation.loss.make_eval_step`: the sharded loss, pipelined or
+(:func:`~boost_jax.train.eval_loss.make_eval_step`: the sharded loss, pipelined or
 tensor-parallel as the mesh says), summed by the trainer's own
-:func:`~boost_jax.evaluation.loss.evaluate`. Every
+:func:`~boost_jax.train.eval_loss.evaluate`. Every
 full global batch of the eval split is evaluated, in order (or the
 first ``max_batches``); the first ``Train.eval_batches`` of them are the batches the trainer
 evaluates. The loss is the mean over every token evaluated (token-weighted across batches, so
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 from boost_jax.config import Config, ConfigError, Parallel
 from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
 from boost_jax.data.prepare import eval_split_label
-from boost_jax.evaluation.loss import evaluate, make_eval_step
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
+from boost_jax.train.eval_loss import evaluate, make_eval_step
 from boost_jax.train.progress import say
 
 #: the one-device mesh used when the run's mesh does not fit (and no mesh was asked for)
@@ -61,7 +61,7 @@ class Perplexity:
     seconds: float
     eval_split: str = ""  # what the eval split is (data/prepare.py: eval_split_label)
     #: the CoLA/LORO/GaLore papers' definition of the same batches
-    #: (:attr:`~boost_jax.evaluation.loss.EvalTotals.cola_loss`) and its batches (groups of
+    #: (:attr:`~boost_jax.train.eval_loss.EvalTotals.cola_loss`) and its batches (groups of
     #: ``Train.loss_group_rows`` rows, or the global batches)
     cola_loss: float = float("nan")
     cola_batches: int = 0
@@ -156,7 +156,7 @@ def evaluate_perplexity(params: dict, config: Config,
     ``config.parallel`` over ``devices`` (default: all); see the module docstring. A status
     line goes to stderr every ``progress_every`` seconds. ``cola_tokens``: stop as the
     low-rank papers' evaluation does, once more than this many tokens were seen (counted as
-    they count: evaluation/loss.py)."""
+    they count: train/eval_loss.py)."""
     start = time.perf_counter()
     if max_batches is not None and max_batches < 1:
         raise ConfigError(f"--max_batches={max_batches} must be a positive integer")

@@ -22,7 +22,7 @@ import numpy as np
 from boost_jax.config import Model
 from boost_jax.models.decode import bucket
 from boost_jax.models.decoder import bind
-from boost_jax.parallel.plans.base import Plan
+from boost_jax.models.plan import Plan
 
 MIN_BUCKET = 16
 

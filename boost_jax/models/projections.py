@@ -35,7 +35,7 @@ from flax import nnx
 from boost_jax.kernels.reference import activate
 from boost_jax.models.init import Init, param
 from boost_jax.models.norms import layer_norm
-from boost_jax.parallel.plans.base import Plan
+from boost_jax.models.plan import Plan
 
 LAX_NORM_EPS = 1e-6
 

@@ -59,7 +59,7 @@ from jax import lax
 from boost_jax.kernels.ops import norm_local, recover
 from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import sum_squares
-from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
+from boost_jax.models.remat import LATENT, NORM_STAT, tag
 
 TENSOR = "tensor"
 #: bf16 holds 8 significant bits and fp32 24: three bf16 values hold an fp32 value exactly

@@ -51,9 +51,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from boost_jax.models.remat import GATHERED, tag
 from boost_jax.parallel.data_casts import cast_gather, cast_reduce, varying
 from boost_jax.parallel.plans.base import DATA, PIPE, as_entry, entry_axes, region_axes
-from boost_jax.parallel.remat import GATHERED, tag
 
 
 def _with_data(spec: P, dim: int, ndim: int) -> P:

@@ -41,13 +41,13 @@ from boost_jax.analysis.flops import peak_flops, train_flops_per_token
 from boost_jax.config import Config, ConfigError
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.data.prepare import eval_split_label
-from boost_jax.evaluation.loss import evaluate, make_eval_step
 from boost_jax.gin_io import operative_gin
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train import checkpoint_lease, checkpoint_record, data_state, workdir_lock
 from boost_jax.train.checkpoint import Checkpointer
 from boost_jax.train.disk_errors import writing
+from boost_jax.train.eval_loss import evaluate, make_eval_step
 from boost_jax.train.goodput import Goodput, read_history
 from boost_jax.train.metrics import MetricsWriter
 from boost_jax.train.optim import make_optimizer

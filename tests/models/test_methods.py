@@ -11,8 +11,8 @@ from flax import nnx
 from boost_jax.config import ConfigError, Model
 from boost_jax.models.decoder import abstract_model, bind
 from boost_jax.models.init import flatten, init_params
+from boost_jax.models.plan import Plan
 from boost_jax.models.projections import Crossing, latent_act
-from boost_jax.parallel.plans.base import Plan
 from boost_jax.testing import rel_err, tiny
 
 #: run on CI's newest stack too (.ci/run): what a second JAX can change

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from boost_jax.models.norms import sum_squares
+from boost_jax.models.remat import LATENT, NORM_STAT, tag
 from boost_jax.parallel.online_rmsnorm import online_norm_down, sync_norm_down
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
-from boost_jax.parallel.remat import LATENT, NORM_STAT, tag
 from boost_jax.parallel.vocab import vocab_embed
 
 if TYPE_CHECKING:

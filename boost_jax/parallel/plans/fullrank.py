@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
+from boost_jax.models.remat import REDUCED, tag
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
-from boost_jax.parallel.remat import REDUCED, tag
 
 if TYPE_CHECKING:
     from boost_jax.config import Model

@@ -41,8 +41,9 @@ from jax import lax
 from boost_jax.compat import all_gather_invariant
 from boost_jax.kernels.reference import activate
 from boost_jax.models.norms import rms_norm
-from boost_jax.parallel.plans.base import TENSOR, Crossing, VocabParallelPlan, f_op, g_op
-from boost_jax.parallel.remat import LATENT, REDUCED, tag
+from boost_jax.models.plan import Crossing
+from boost_jax.models.remat import LATENT, REDUCED, tag
+from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 
 if TYPE_CHECKING:
     from boost_jax.config import Model

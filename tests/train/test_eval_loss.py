@@ -1,4 +1,4 @@
-"""The eval arithmetic of evaluation/loss.py on given per-row numbers: the token mean, the
+"""The eval arithmetic of train/eval_loss.py on given per-row numbers: the token mean, the
 papers' groups of ``Train.loss_group_rows`` rows over groups + 1, and their stopping rule
 (more than N tokens seen, a padded row counting its last token) -- against a transcription of
 their loop (alvin-zyl/CoLA ``main.py`` lines 148-175; its 10 M target cannot be reached by a
@@ -8,7 +8,7 @@ code in tests/train/test_cola_protocol.py)."""
 import numpy as np
 import pytest
 
-from boost_jax.evaluation.loss import evaluate
+from boost_jax.train.eval_loss import evaluate
 
 ROWS = 12  # 3 global batches of 4 rows
 
