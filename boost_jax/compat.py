@@ -290,6 +290,36 @@ def set_orbax_kvstore_builder(fn) -> None:
     setattr(importlib.import_module(module), name, fn)
 
 
+# --- etils / fsspec and XLA's cost analysis -----------------------------------------------------
+
+def epath_filesystem(path: str):
+    """The fsspec filesystem etils' ``epath`` (and so orbax) reaches ``path`` with -- etils'
+    private ``backend.fsspec_backend.fs``, the same instance, whose listing cache then sees
+    what is moved through it -- or, where an etils lacks it, fsspec's default instance
+    (tests/test_compat.py checks the installed etils has it)."""
+    try:
+        from etils.epath import backend
+
+        return backend.fsspec_backend.fs(path)
+    except (ImportError, AttributeError):
+        import fsspec
+
+        return fsspec.core.url_to_fs(path)[0]
+
+
+def strip_protocol(fs, path: str) -> str:
+    """``path`` as ``fs`` names its keys (``s3://b/k`` -> ``b/k``): fsspec's
+    ``_strip_protocol``, a private classmethod every filesystem has."""
+    return fs._strip_protocol(path)
+
+
+def cost_analysis(compiled) -> dict:
+    """XLA's cost analysis of a compiled program as a dict (jax returns a dict, or a list of
+    one; nothing for a program compiled for a GPU target on a CPU host: ``{}``)."""
+    cost = compiled.cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost) or {}
+
+
 # --- the versions boost_jax is tested with --------------------------------------------------------
 
 #: ``package: (lowest tested, first untested)``, the ranges pyproject.toml pins for the

@@ -25,7 +25,7 @@ import math
 
 from absl import app, flags
 
-from boost_jax import cli
+from boost_jax import cli, compat
 from boost_jax.cli import define_gin_flags, run_command
 from boost_jax.config import Config
 
@@ -98,8 +98,7 @@ def build_report(config: Config, dump_hlo: str | None = None, compiled=None, mes
         (c.op, c.dtype, c.shape, c.bytes, ",".join(c.axes), c.count,
          "bwd" if c.backward else "fwd", _where(c, run)) for c in colls)
     mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = (cost[0] if isinstance(cost, list) else cost) or {}  # None for a GPU target here
+    cost = compat.cost_analysis(compiled)
     tokens = t.batch_size // par.data * t.seq_len
     return {
         "config": {"arch": m.arch, "size": m.size, "d_model": m.d_model, "n_layers": m.n_layers,

@@ -174,8 +174,8 @@ def move_aside(src: epath.Path, dest: epath.Path) -> None:
     if not on_object_store(src):
         src.rename(dest)
         return
-    fs = _filesystem(src)
-    root, target = fs._strip_protocol(os.fspath(src)), fs._strip_protocol(os.fspath(dest))
+    fs = compat.epath_filesystem(os.fspath(src))  # epath's own instance (its listing cache)
+    root, target = (compat.strip_protocol(fs, os.fspath(p)) for p in (src, dest))
     keys = fs.find(root)
     if not keys:
         return
@@ -186,21 +186,6 @@ def move_aside(src: epath.Path, dest: epath.Path) -> None:
         fs.rm(rest)
     if marker in keys:
         fs.rm(marker)
-
-
-def _filesystem(path: epath.Path):
-    """The fsspec filesystem that epath (and so orbax) reaches ``path`` with: the same
-    instance, so that its listing cache sees what is moved with it (fsspec's own default
-    instance for ``gs://`` is another one -- epath opens gcsfs with ``finalize_on_close`` --
-    and a step moved through it would stay listed, from the cache, in epath's)."""
-    try:
-        from etils.epath import backend
-
-        return backend.fsspec_backend.fs(os.fspath(path))
-    except (ImportError, AttributeError):  # another etils: fsspec's default instance
-        import fsspec
-
-        return fsspec.core.url_to_fs(os.fspath(path))[0]
 
 
 # --- s3:// arrays: TensorStore's s3 driver under orbax ------------------------------------
