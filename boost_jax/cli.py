@@ -98,7 +98,7 @@ def setup_devices(config: Config, simulated: bool = True) -> None:
     jax.config.update("jax_compilation_cache_dir", os.environ.get(
         "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
     if simulated and jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
-        from boost_jax.train.progress import say
+        from boost_jax.operations.progress import say
 
         each = f" in each of {jax.process_count()} processes" if jax.process_count() > 1 else ""
         say(f"no accelerator: simulating {local} CPU devices{each} for the (data, pipe, tensor) "

@@ -210,21 +210,23 @@ COMPILATION_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
                             "/jax/compilation_cache/cache_misses": "misses"}
 
 
-# --- orbax-checkpoint's private Zarr v3 metadata and write-spec builders (train/integrity.py) ----
+# --- orbax-checkpoint's private Zarr v3 metadata and write-spec builders (integrity.py) -----
 
 #: the module that builds the TensorStore specs orbax-checkpoint writes arrays with
 ORBAX_TS_UTILS = "orbax.checkpoint._src.serialization.tensorstore_utils"
 #: the function through which orbax-checkpoint builds every Zarr v3 array's metadata (its codec
-#: chain): train/integrity.py checks that it still has the zstd codec whose checksum it turns on
+#: chain): checkpointing/integrity.py checks that it still has the zstd codec whose checksum it
+#: turns on
 ORBAX_ZARR3_BUILDER = (ORBAX_TS_UTILS, "_build_zarr3_metadata")
 #: the function through which orbax-checkpoint builds the write spec of every array it saves
 #: (jax and numpy arrays alike; ``build_array_write_spec(info, ...)``, ``info.parent_dir`` the
-#: directory written): train/integrity.py wraps it to checksum the chunks of the arrays written
+#: directory written): checkpointing/integrity.py wraps it to checksum the chunks of the arrays
+#: written
 #: under a checkpoint directory of its own
 ORBAX_WRITE_SPEC_BUILDER = (ORBAX_TS_UTILS, "build_array_write_spec")
 #: the function through which orbax-checkpoint builds the TensorStore key-value store of every
 #: array it writes or reads (``build_kvstore_tspec(directory, name=None, *, use_ocdbt, ...)``):
-#: it knows local files and ``gs://`` only; train/storage.py wraps it for ``s3://``
+#: it knows local files and ``gs://`` only; checkpointing/storage.py wraps it for ``s3://``
 ORBAX_KVSTORE_BUILDER = (ORBAX_TS_UTILS, "build_kvstore_tspec")
 
 
@@ -265,7 +267,7 @@ def orbax_write_spec_builder():
 
 def set_orbax_write_spec_builder(fn) -> None:
     """Make orbax-checkpoint build every array's write spec with ``fn`` in this process (the
-    caller installs it once, under its own lock: train/integrity.py)."""
+    caller installs it once, under its own lock: checkpointing/integrity.py)."""
     import importlib
 
     module, name = ORBAX_WRITE_SPEC_BUILDER
@@ -282,7 +284,7 @@ def orbax_kvstore_builder():
 
 def set_orbax_kvstore_builder(fn) -> None:
     """Make orbax-checkpoint build every array's kvstore spec with ``fn`` in this process (the
-    caller installs it once, under its own lock: train/storage.py)."""
+    caller installs it once, under its own lock: checkpointing/storage.py)."""
     import importlib
 
     module, name = ORBAX_KVSTORE_BUILDER

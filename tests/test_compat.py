@@ -144,7 +144,7 @@ def test_varying_axes_moved_is_a_clear_error(monkeypatch):
 def test_compilation_cache_events(tmp_path):
     """JAX records the events :data:`compat.COMPILATION_CACHE_EVENTS` names: a miss for a new
     program, a hit for the same program after the in-memory caches are cleared (what
-    ``compiling ...`` lines of the trainer report, train/progress.py)."""
+    ``compiling ...`` lines of the trainer report, operations/progress.py)."""
     import uuid
 
     counts = {"hits": 0, "misses": 0}
@@ -170,9 +170,10 @@ def test_compilation_cache_events(tmp_path):
 
 def test_orbax_zarr3_builder_builds_what_the_checksum_hook_edits():
     """orbax's private builder exists and gives a sharded array whose chunks are zstd-compressed
-    (the codec train/integrity.py turns the checksum on in); the hook leaves the builder itself
+    (the codec checkpointing/integrity.py turns the checksum on in); the hook leaves the builder
+    itself
     alone (it edits the write specs of its own directories: the next test)."""
-    from boost_jax.train import integrity
+    from boost_jax.checkpointing import integrity
 
     build = compat.orbax_zarr3_builder()
     (zstd,) = integrity._compression(build((8,), (8,), use_compression=True))
@@ -203,7 +204,7 @@ def test_orbax_write_spec_builder_is_what_the_checksum_hook_wraps(tmp_path):
     goes and gives a spec with zstd-compressed Zarr v3 chunks; with the hook installed, the
     chunks of arrays under a claimed directory are checksummed, nowhere else, and not after the
     claim is given up."""
-    from boost_jax.train import integrity
+    from boost_jax.checkpointing import integrity
 
     def checksum(directory):
         (zstd,) = integrity._compression(integrity._spec_metadata(_write_spec(directory)))
@@ -225,7 +226,7 @@ def test_orbax_write_spec_builder_is_what_the_checksum_hook_wraps(tmp_path):
 
 
 def test_orbax_write_spec_builder_moved_is_a_clear_error(monkeypatch):
-    from boost_jax.train import integrity
+    from boost_jax.checkpointing import integrity
 
     monkeypatch.setattr(compat, "ORBAX_WRITE_SPEC_BUILDER",
                         (compat.ORBAX_TS_UTILS, "_gone_write_spec"))
@@ -238,7 +239,7 @@ def test_orbax_zarr3_builder_moved_is_a_clear_error(monkeypatch):
     the installed orbax, no checkpoint written unverified."""
     import importlib
 
-    from boost_jax.train import integrity
+    from boost_jax.checkpointing import integrity
 
     module, name = compat.ORBAX_ZARR3_BUILDER
     monkeypatch.setattr(compat, "ORBAX_ZARR3_BUILDER", (module, "_gone"))
@@ -278,7 +279,7 @@ def test_untested_versions_says_which(monkeypatch):
 
 def test_the_fsspec_reach_of_storage_exists():
     """etils' private ``backend.fsspec_backend.fs`` (the filesystem instance epath and orbax
-    use: train/storage.py moves a damaged step aside through it) is where compat looks, and
+    use: checkpointing/storage.py moves a damaged step aside through it) is where compat looks, and
     fsspec's ``_strip_protocol`` names keys as storage expects."""
     from etils.epath import backend
 

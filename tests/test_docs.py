@@ -362,7 +362,7 @@ def test_package_layout_is_the_package():
 
 
 def test_checkpoint_items_are_the_checkpointers():
-    tree = ast.parse((REPO / "boost_jax/train/checkpoint.py").read_text())
+    tree = ast.parse((REPO / "boost_jax/checkpointing/checkpointer.py").read_text())
     items = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", None) == "ITEMS")
     match = re.search(r"with (\w+) items: (.{0,400})", PROSE, re.S)
@@ -376,7 +376,7 @@ def test_checkpoint_items_are_the_checkpointers():
 def test_progress_line_example_is_what_the_trainer_prints():
     """The docs' progress line of the default run, redone by the trainer's own formatter
     from the example's step, loss and seconds per step (so its throughput and ETA agree)."""
-    from boost_jax.train.progress import Window
+    from boost_jax.operations.progress import Window
 
     example = next(b for b in BLOCKS if b.startswith("step ")).strip()
     m = re.match(r"step +(\d+)/(\d+) .*\| loss ([\d.]+) \|.*\| ([\d.]+) s/step", example)

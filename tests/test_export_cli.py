@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
+from boost_jax.checkpointing.checkpointer import Checkpointer
 from boost_jax.commands.export import command
 from boost_jax.config import Config, Data, Train
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.interop.export import export_model, load_export
 from boost_jax.testing import SINGLE, rel_err, tiny
-from boost_jax.train.checkpoint import Checkpointer
 from tests.interop.test_export import TOKENS, assert_params_equal, logits, random_params
 
 TEXTS = ["ROMEO: But soft, what light through yonder window breaks?",

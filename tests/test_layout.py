@@ -25,7 +25,8 @@ def _modules() -> dict[str, Path]:
 
 
 #: the library's folders that must not import each other both ways
-LAYERS = ("models", "parallel", "train", "data", "analysis", "commands")
+LAYERS = ("models", "parallel", "optim", "checkpointing", "operations", "train", "data",
+          "evaluation", "analysis", "commands")
 
 
 def _runtime_imports(tree: ast.AST, type_checking: bool = False):

@@ -14,10 +14,10 @@ from jax.sharding import NamedSharding
 
 from boost_jax.analysis.hlo import collectives, dots
 from boost_jax.config import Parallel, Train
+from boost_jax.optim import make_optimizer
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.testing import tiny
-from boost_jax.train.optim import make_optimizer
 from boost_jax.train.step import (
     STOP_SIGNALS,
     STOP_SPEC,

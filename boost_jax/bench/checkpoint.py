@@ -4,7 +4,8 @@ On the configured model (default: CoLA 1B, one device, fp32 state: parameters an
 moments) it times, best of ``--steps`` repeats after a warm-up, alternating the two so that
 drifts of the page cache and the disk hit both alike (the best, as ``timeit`` does): a complete
 checkpoint save (``Checkpointer.save`` + wait: host copy, encode, write, commit) with every
-chunk's checksum (train/integrity.py) and the same save without it. The disk's writeback adds
+chunk's checksum (checkpointing/integrity.py) and the same save without it. The disk's writeback
+adds
 more noise to a save than the checksum costs, so the checksum's share is taken from the encode
 alone (every array encoded as orbax's Zarr v3 chunks into memory, with and without the
 checksum): ``(encode - encode_without_checksums) / save``. It also times the restore's check
@@ -51,7 +52,7 @@ def _encode(arrays: list, checksum: bool) -> None:
     disk's noise."""
     import tensorstore as ts
 
-    from boost_jax.train.integrity import zarr3_metadata
+    from boost_jax.checkpointing.integrity import zarr3_metadata
 
     writes = []
     for x in arrays:
@@ -67,11 +68,11 @@ def _encode(arrays: list, checksum: bool) -> None:
 def _run(config: Config) -> int:
     import jax
 
+    from boost_jax.checkpointing.checkpointer import Checkpointer
+    from boost_jax.checkpointing.integrity import chunk_checksums_off, verify
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.checkpoint import Checkpointer
-    from boost_jax.train.integrity import chunk_checksums_off, verify
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import init_state
 
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel))

@@ -42,9 +42,9 @@ def parse_layout(text: str) -> tuple[int, int]:
 
 def state_mib(config: Config) -> dict[str, float]:
     """Parameters and optimizer state one device holds (MiB), from their shardings."""
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import abstract_state
 
     model = ShardedModel(config.model, config.parallel, make_mesh(config.parallel))

@@ -120,7 +120,7 @@ def _run_fields(trained) -> dict:
 
 
 def _print_perplexity(trained, result) -> None:
-    from boost_jax.train.progress import duration, say
+    from boost_jax.operations.progress import duration, say
 
     if FLAGS.json:
         say(json.dumps({**_run_fields(trained), **result.to_dict()}))
@@ -147,7 +147,7 @@ def _run_tasks(trained, config) -> int:
     from lm_eval.utils import make_table
 
     from boost_jax.evaluation.harness import BoostLM, run_tasks
-    from boost_jax.train.progress import say
+    from boost_jax.operations.progress import say
 
     if jax.process_count() > 1:
         raise ConfigError("--tasks runs in one process (on one device); start it without the "

@@ -35,10 +35,10 @@ import jax.numpy as jnp
 from boost_jax.config import Config, ConfigError, Parallel
 from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
 from boost_jax.data.prepare import eval_split_label
+from boost_jax.operations.progress import say
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train.eval_loss import evaluate, make_eval_step
-from boost_jax.train.progress import say
 
 #: the one-device mesh used when the run's mesh does not fit (and no mesh was asked for)
 ONE_DEVICE = Parallel(data=1, pipe=1, tensor=1, tp_plan="none")

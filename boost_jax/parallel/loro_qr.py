@@ -1,4 +1,4 @@
-"""The collectives of LORO's exact step (train/loro.py): a distributed QR of tall factor blocks
+"""The collectives of LORO's exact step (optim/loro.py): a distributed QR of tall factor blocks
 whose rows may be split over a mesh axis, and the rank-dim gathers of the vanilla plan.
 
 Every function runs per device inside the model's ``shard_map`` region, or on global arrays

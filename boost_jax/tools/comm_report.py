@@ -59,9 +59,9 @@ def compile_step(config: Config, devices=None, gspmd: bool = False,
     ``compiler_options``: XLA options for this compile."""
     import jax.numpy as jnp
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import compile_train_step
 
     t = config.train

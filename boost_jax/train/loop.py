@@ -15,13 +15,14 @@ its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process r
 summed flags in the metrics of the same step ``n``, leaves the loop after step ``n + 1`` (at
 most two steps after the signal), saves the same checkpoint and exits with the signal's code,
 however many of them received it and when. A second signal ends the process at once, without
-a checkpoint (train/signals.py).
+a checkpoint (operations/signals.py).
 
 Operating a run: each step's report and the pauses feed the goodput account
-(train/report.py, train/goodput.py) and the hang watchdog (train/watchdog.py), which watches
-the training loop only; ``Train.profile_steps`` steps are traced (train/profiling.py). With
+(train/report.py, operations/goodput.py) and the hang watchdog (operations/watchdog.py), which
+watches
+the training loop only; ``Train.profile_steps`` steps are traced (operations/profiling.py). With
 the checkpoints on an object store, the run's small files (config, metrics) are copied beside
-them, and a fresh workdir starts from those copies (train/run_files.py).
+them, and a fresh workdir starts from those copies (checkpointing/run_files.py).
 """
 
 from __future__ import annotations
@@ -38,27 +39,31 @@ import jax.numpy as jnp
 from absl import logging
 
 from boost_jax.analysis.flops import peak_flops, train_flops_per_token
+from boost_jax.checkpointing import lease, record
+from boost_jax.checkpointing.checkpointer import Checkpointer
+from boost_jax.checkpointing.run_files import RunFiles
 from boost_jax.config import Config, ConfigError
 from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
+from boost_jax.operations import workdir_lock
+from boost_jax.operations.disk_errors import writing
+from boost_jax.operations.goodput import Goodput, read_history
+from boost_jax.operations.profiling import StepProfiler
+from boost_jax.operations.progress import compiling, say
+from boost_jax.operations.signals import StopRequest
+from boost_jax.operations.watchdog import Watchdog
+from boost_jax.operations.workdir import workdir_checked
+from boost_jax.optim import make_optimizer
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
-from boost_jax.train import checkpoint_lease, checkpoint_record, data_state, workdir_lock
-from boost_jax.train.checkpoint import Checkpointer
-from boost_jax.train.disk_errors import writing
+from boost_jax.train import data_state
 from boost_jax.train.eval_loss import evaluate, make_eval_step
-from boost_jax.train.goodput import Goodput, read_history
 from boost_jax.train.metrics import MetricsWriter
-from boost_jax.train.optim import make_optimizer
-from boost_jax.train.profiling import StepProfiler
-from boost_jax.train.progress import compiling, say
 from boost_jax.train.report import Diverged
 from boost_jax.train.report import Reporter as _Reporter
 from boost_jax.train.resume import check_data, check_resume
-from boost_jax.train.run_files import RunFiles
 from boost_jax.train.samples import Sampler, check_sample_size, host_params
-from boost_jax.train.signals import StopRequest
 from boost_jax.train.step import (
     abstract_state,
     compile_train_step,
@@ -69,8 +74,6 @@ from boost_jax.train.step import (
 )
 from boost_jax.train.summary import Summary, report
 from boost_jax.train.wandb_logger import WandbRun, check_available
-from boost_jax.train.watchdog import Watchdog
-from boost_jax.train.workdir import workdir_checked
 
 
 def _global_batch(local: dict, model: ShardedModel, global_batch: int) -> dict:
@@ -178,7 +181,7 @@ class _Run:
                               f"damaged and moved aside ({names}); rerun with --fresh_start to "
                               "train from step 0 in this workdir")
         if not self.ckpt.quarantined:
-            checkpoint_record.refuse_a_silent_restart(self.workdir, self.ckpt.directory,
+            record.refuse_a_silent_restart(self.workdir, self.ckpt.directory,
                                                       fresh_start)
         m = self.config.model
         n_params = sum(math.prod(d.shape) for d in model.defs.values())
@@ -187,7 +190,7 @@ class _Run:
 
     def compile(self, start: int) -> None:
         """Compile the steps; open the metrics (from ``start``), taking over the goodput
-        account of the run's history (train/goodput.py)."""
+        account of the run's history (operations/goodput.py)."""
         t, mesh = self.t, self.model.mesh
         if self.lead:  # (the time of the processes before, read before the rewind)
             self.run_files.fetch()  # on a fresh node: the history kept beside the checkpoints
@@ -255,7 +258,7 @@ class _Run:
             self.run_files.upload()  # the metrics to this step, beside the checkpoint
             committed = self.ckpt.steps()  # every process: one decision (a collective)
             if self.lead:
-                checkpoint_record.write(self.workdir, committed, self.ckpt.directory)
+                record.write(self.workdir, committed, self.ckpt.directory)
 
     def train(self, state: dict, start: int, stop: StopRequest) -> tuple[dict, int, float | None]:
         """Steps until ``Train.steps`` or an agreed stop (:attr:`signal`). Metrics of step
@@ -335,17 +338,17 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
 
     ``checkpoint_dir``: where the checkpoints go (default ``<workdir>/checkpoints``): a local
     directory or an object store's URL (``s3://bucket/run``, ``gs://bucket/run``;
-    train/storage.py).
+    checkpointing/storage.py).
 
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
     (else that is a :class:`ConfigError`). ``allow_data_change``: resume on a dataset other
     than the checkpoint's (train/resume.py :func:`check_data`). Raises
     :class:`CheckpointWriteError` when a save fails."""
     t_start, workdir = time.perf_counter(), workdir_checked(workdir)
-    # one run per workdir and per bucket (train/workdir_lock.py, train/checkpoint_lease.py);
-    # signals: until the last checkpoint is written (train/signals.py)
+    # one run per workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py);
+    # signals: until the last checkpoint is written (operations/signals.py)
     with (workdir_lock.held(workdir),
-          checkpoint_lease.held(checkpoint_dir or workdir / "checkpoints"),
+          lease.held(checkpoint_dir or workdir / "checkpoints"),
           StopRequest() as stop):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
                  allow_data_change)

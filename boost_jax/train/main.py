@@ -7,16 +7,17 @@ lists every gin binding (``Model.*``, ``Parallel.*``, ``Train.*``, ``Data.*``) w
 default, what a resume may do with it and meaning. A run writes its operative configuration
 (every field's value) to ``<workdir>/config.gin``; ``--gin_file`` on that file reproduces the
 run. A run in a workdir that already holds checkpoints resumes from the newest intact one
-(train/checkpoint.py: a checkpoint that does not fit the config is refused, one that is damaged
+(checkpointing/checkpointer.py: a checkpoint that does not fit the config is refused, one that is
+damaged
 moved aside); if all are damaged it stops with an error unless ``--fresh_start`` is given.
 Gin files are looked up as given, then in the repository's ``configs/`` directory.
 
 Exit codes: 0 done; 1 diverged, or a checkpoint or run file (metrics, TensorBoard) could not
 be written or a checkpoint read (a full disk; storage errors that outlasted the retries); 2 bad
 input, including checkpoints that do not fit the config or were trained on other data
-(``--allow_data_change``), and a workdir another run holds (train/workdir_lock.py) (one line on
+(``--allow_data_change``), and a workdir another run holds (operations/workdir_lock.py) (one line on
 stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback); 75 hung: no train step finished within
-``Train.hang_timeout_s`` (every thread's stack in the workdir and the log; train/watchdog.py);
+``Train.hang_timeout_s`` (every thread's stack in the workdir and the log; operations/watchdog.py);
 128 + N stopped by signal N (agreed across processes, after a checkpoint; or at once, without
 one, at a second signal).
 """
@@ -51,8 +52,8 @@ EXIT_STORAGE = 1  # a checkpoint or run file could not be written (disk full, ..
 
 
 def _train(config) -> int:
-    from boost_jax.train.checkpoint import CheckpointReadError, CheckpointWriteError
-    from boost_jax.train.disk_errors import WriteError
+    from boost_jax.checkpointing.checkpointer import CheckpointReadError, CheckpointWriteError
+    from boost_jax.operations.disk_errors import WriteError
     from boost_jax.train.loop import run
 
     try:

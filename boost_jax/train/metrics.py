@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from absl import logging
 
-from boost_jax.train.disk_errors import writing
+from boost_jax.operations.disk_errors import writing
 from boost_jax.train.tensorboard import EventFile
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class MetricsWriter:
 
     Both files are written in the caller's thread and flushed per record (TensorBoard's too:
     train/tensorboard.py), so a full disk raises at the write that meets it, as one line
-    (train/disk_errors.py ``WriteError``), and never blocks the loop.
+    (operations/disk_errors.py ``WriteError``), and never blocks the loop.
     """
 
     def __init__(self, workdir: str | Path, start_step: int, enabled: bool = True,

@@ -1,6 +1,6 @@
 """Each train step's report: its metrics read back from the device, its time, throughput and
 MFU, the progress line, the non-finite policy, and the clocks that follow the steps (goodput,
-train/goodput.py; the hang watchdog, train/watchdog.py)."""
+operations/goodput.py; the hang watchdog, operations/watchdog.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import jax
 from absl import logging
 
 from boost_jax.config import Train
-from boost_jax.train.goodput import Goodput
+from boost_jax.operations.goodput import Goodput
+from boost_jax.operations.progress import Window, say
+from boost_jax.operations.watchdog import Watchdog
 from boost_jax.train.metrics import MetricsWriter
-from boost_jax.train.progress import Window, say
-from boost_jax.train.watchdog import Watchdog
 
 
 class Diverged(RuntimeError):

@@ -26,14 +26,11 @@ import dataclasses
 
 from absl import logging
 
-from boost_jax.config import Config, ConfigError
+from boost_jax.checkpointing.read_failures import ResumeMismatch  # noqa: F401 (raised here)
+from boost_jax.config import Config
 from boost_jax.config_fields import MATCH, NOTE
 
 _GROUPS = {"model": "Model", "parallel": "Parallel", "train": "Train", "data": "Data"}
-
-
-class ResumeMismatch(ConfigError):
-    """The checkpoints of a workdir do not fit this run's configuration or state (one line)."""
 
 
 @dataclasses.dataclass(frozen=True)

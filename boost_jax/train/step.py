@@ -29,10 +29,10 @@ from jax.sharding import PartitionSpec as P
 
 from boost_jax import compat
 from boost_jax.models.batch import batch_keys, group_denominators, token_count
+from boost_jax.operations.signals import STOP_SIGNALS
+from boost_jax.optim.optimizer import Optimizer, clip_by_norm
 from boost_jax.parallel.plans.base import DATA, MESH_AXES
 from boost_jax.parallel.runner import BATCH_SPEC, ShardedModel
-from boost_jax.train.optimizer import Optimizer, clip_by_norm
-from boost_jax.train.signals import STOP_SIGNALS
 
 
 def _batch_specs(batch: dict) -> dict:

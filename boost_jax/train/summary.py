@@ -9,8 +9,8 @@ import math
 
 from absl import logging
 
-from boost_jax.train.goodput import summary as goodput_summary
-from boost_jax.train.progress import duration, say
+from boost_jax.operations.goodput import summary as goodput_summary
+from boost_jax.operations.progress import duration, say
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ def report(summary: Summary, goodput: dict, seconds: float, lead: bool,
         loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
         say(f"done: steps {summary.start_step}->{summary.step}, final train loss {loss}, "
             f"eval perplexity {ppl}, {duration(seconds)}")
-    say(goodput_summary(goodput))  # the run's time, by bucket (train/goodput.py)
+    say(goodput_summary(goodput))  # the run's time, by bucket (operations/goodput.py)
     if summary.diverged is None:
         say(f"checkpoints: {summary.checkpoint_dir}")
         say(f"metrics: {summary.metrics_file} (TensorBoard: {tensorboard})")

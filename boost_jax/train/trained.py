@@ -3,7 +3,8 @@ tokenizer (what export, generation and evaluation start from).
 
 The checkpoints are ``<workdir>/checkpoints`` or any ``checkpoint_dir`` the trainer was given
 (``--checkpoint_dir``: a local directory, ``s3://bucket/prefix`` or ``gs://bucket/prefix``;
-train/storage.py). A step counts only once committed: on a local disk a step directory holding
+checkpointing/storage.py). A step counts only once committed: on a local disk a step directory
+holding
 ``state`` and ``meta`` (orbax renames a save into place when complete), on an object store one
 that also holds orbax's commit marker (a save is written in place there).
 
@@ -25,12 +26,12 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from boost_jax.checkpointing import storage
+from boost_jax.checkpointing.read_failures import root_cause
 from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 from boost_jax.data import tokenizer as tokenizers
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import unflatten
-from boost_jax.train import storage
-from boost_jax.train.read_failures import root_cause
 
 GROUPS = {"Model": Model, "Parallel": Parallel, "Train": Train, "Data": Data}
 

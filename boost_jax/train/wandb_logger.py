@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from boost_jax.checkpointing.run_files import RUN_ID_FILE
 from boost_jax.errors import ConfigError
-from boost_jax.train.disk_errors import writing
+from boost_jax.operations.disk_errors import writing
 
 #: the file, in the workdir, that holds the W&B run's id
-RUN_ID_FILE = "wandb_run_id"
 
 
 def check_available(enabled: bool) -> None:

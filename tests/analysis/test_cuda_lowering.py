@@ -15,11 +15,11 @@ from boost_jax import compat, gpu_verified
 from boost_jax.analysis import lowered
 from boost_jax.config import Parallel, Train
 from boost_jax.models.attention import packed_slots, resolve_attention
+from boost_jax.operations.signals import STOP_SIGNALS
+from boost_jax.optim import make_optimizer
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.testing import tiny
-from boost_jax.train.optim import make_optimizer
-from boost_jax.train.signals import STOP_SIGNALS
 from boost_jax.train.step import (
     STOP_SPEC,
     abstract_batch,

@@ -29,7 +29,7 @@ if _HANG:
     import time
     from pathlib import Path
 
-    from boost_jax.train import checkpoint
+    from boost_jax.checkpointing import checkpointer as checkpoint
 
     def _hang(self, *args, **kwargs):
         Path(_HANG).touch()
@@ -94,7 +94,8 @@ if _UNREADABLE or _KILL:
 if _STEP_HANG or _SLOW:
     import time
 
-    from boost_jax.train import checkpoint, step
+    from boost_jax.checkpointing import checkpointer as checkpoint
+    from boost_jax.train import step
 
     _compile = step.compile_train_step
 

@@ -122,9 +122,9 @@ def _kept_for_backward(remat: str) -> int:
     """Bytes per device the forward pass keeps for the backward pass: the outputs of the layer
     scan (the carry and the stacked residuals) in the traced gradient -- what the policy
     decides, before XLA allocates anything."""
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import abstract_batch, abstract_state, make_grad_fn
 
     parallel = _7b_parallel(remat)

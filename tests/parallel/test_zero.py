@@ -47,9 +47,9 @@ def test_zero_stages_match_single_device(arch, options):
 
 
 def _state_bytes(parallel, part):
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import init_state
 
     model = ShardedModel(tiny("cola"), parallel, make_mesh(parallel))

@@ -89,10 +89,10 @@ once per layer parameter); ZeRO-1 gathers the fp32
     updated slices; each op moves its parameter's bytes in that dtype. btp's final norm
     all-gathers its bf16 output over ``tensor`` (as every tensor-axis gather and
     reduce-scatter does)."""
+    from boost_jax.operations.signals import STOP_SIGNALS
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
-    from boost_jax.train.signals import STOP_SIGNALS
     from boost_jax.train.step import STOP_SPEC, abstract_batch, abstract_state, make_train_step
 
     parallel = Parallel(data=2, tensor=4, zero=zero, reduce_dtype=reduce_dtype)

@@ -96,10 +96,10 @@ def test_training_and_evaluation_match_the_authors(dataset):
     updates, every parameter tensor's norm within 1e-5
     (weight decay on the norm gains shows there) and their ``evaluate_model`` number is our
     ``cola_loss`` over the eval split."""
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
     from boost_jax.train.eval_loss import evaluate, make_eval_step
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import make_train_step, stop_flags
 
     config = _config(dataset)

@@ -8,11 +8,11 @@ import pytest
 
 from boost_jax.config import Config, ConfigError, Data, Parallel, Train
 from boost_jax.gin_io import load_config, operative_gin, parse_gin
+from boost_jax.optim import make_optimizer
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.runner import ShardedModel
 from boost_jax.testing import rel_err, tiny
 from boost_jax.train.loop import run
-from boost_jax.train.optim import make_optimizer
 from boost_jax.train.step import compile_train_step
 from tests.train.test_trainer import _config, _losses
 

@@ -1,4 +1,4 @@
-"""The run's metrics files (train/metrics.py, train/tensorboard.py, train/disk_errors.py):
+"""The run's metrics files (train/metrics.py, train/tensorboard.py, operations/disk_errors.py):
 TensorBoard's events as TensorBoard reads them, and a full disk under them as one line that
 never blocks the loop (issue 46, case 3)."""
 
@@ -8,7 +8,7 @@ import threading
 
 from tensorboardX.proto.event_pb2 import Event
 
-from boost_jax.train.disk_errors import WriteError
+from boost_jax.operations.disk_errors import WriteError
 from boost_jax.train.metrics import MetricsWriter
 
 

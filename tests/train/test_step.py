@@ -97,9 +97,9 @@ def test_a_nonfinite_step_is_not_applied():
     import jax.numpy as jnp
     import numpy as np
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import init_state, make_train_step, stop_flags
 
     parallel = Parallel(data=2, tensor=1, tp_plan="none", zero=1)
@@ -136,9 +136,9 @@ def test_a_stop_flag_on_one_device_reaches_every_device(parallel, gspmd):
     import numpy as np
     from jax.sharding import NamedSharding
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import STOP_SIGNALS, STOP_SPEC, init_state, make_train_step
 
     model = ShardedModel(tiny("cola", n_layers=2), parallel, make_mesh(parallel, jax.devices()),
@@ -177,9 +177,9 @@ def test_the_logged_lr_is_the_applied_one(optimizer):
     import jax.numpy as jnp
     import numpy as np
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import init_state, make_train_step, stop_flags
 
     model = ShardedModel(tiny("svd", rank=4, n_layers=1), SINGLE,
@@ -243,9 +243,9 @@ def test_the_nonfinite_guard_is_a_select_on_gpu_and_a_conditional_on_cpu(optimiz
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import (
         STOP_SIGNALS,
         STOP_SPEC,
@@ -274,9 +274,9 @@ def test_the_gpu_guard_skips_like_the_cpu_one(monkeypatch):
     import jax.numpy as jnp
     import numpy as np
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.step import init_state, make_train_step, stop_flags
 
     chosen = []

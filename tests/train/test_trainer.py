@@ -123,11 +123,11 @@ def test_other_model_in_workdir_is_refused(tiny_data, tmp_path, arch, single_dev
 
 def test_a_restart_without_the_committed_checkpoints_is_refused(tiny_data, tmp_path,
                                                                  single_device):
-    """Guards train/checkpoint_record.py: the 10-step run's workdir records its committed
+    """Guards checkpointing/record.py: the 10-step run's workdir records its committed
     checkpoint 10; a restart pointed at a checkpoint directory without it (a forgotten or changed
     --checkpoint_dir, an emptied directory) stops in one line naming where the checkpoints were,
     instead of training from step 0; --fresh_start removes the record (and would train)."""
-    from boost_jax.train import checkpoint_record
+    from boost_jax.checkpointing import record as checkpoint_record
 
     workdir = tmp_path / "run"
     shutil.copytree(single_device[1], workdir)
@@ -349,7 +349,8 @@ def test_a_run_that_fails_is_closed(tiny_data, tmp_path, monkeypatch):
     """A run that raises after its steps (here its final checkpoint) still closes: the metrics
     writer is closed (its lines flushed) and the checkpointer gives up its claim on the
     directory, as a run that finishes does."""
-    from boost_jax.train import integrity, loop
+    from boost_jax.checkpointing import integrity
+    from boost_jax.train import loop
     from boost_jax.train.metrics import MetricsWriter
 
     closed, close = [], MetricsWriter.close

@@ -1,7 +1,7 @@
 """One run per checkpoint bucket: a lease object, ``<checkpoint_dir>/run/lease.json``, for
 checkpoints on an object store (``s3://``, ``gs://``), where no file lock reaches.
 
-The lock of train/workdir_lock.py covers a workdir; two jobs on different machines, each with
+The lock of operations/workdir_lock.py covers a workdir; two jobs on different machines, each with
 its own local workdir, given the same ``--checkpoint_dir=s3://...`` (a job resubmitted on other
 nodes while the first still runs) would both write its steps. The lease names its holder (host,
 pid, start time, a random token) and the time it was last renewed; process 0 renews it every
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from absl import logging
 from etils import epath
 
-from boost_jax.train import storage
-from boost_jax.train.run_files import RUN_DIR
-from boost_jax.train.workdir_lock import WorkdirBusy, holder, lead_holds
+from boost_jax.checkpointing import storage
+from boost_jax.checkpointing.run_files import RUN_DIR
+from boost_jax.operations.workdir_lock import WorkdirBusy, holder, lead_holds
 
 LEASE = "lease.json"
 TTL_S = 120.0  #: a lease not renewed for this long is stale (its holder is gone)
@@ -175,7 +175,7 @@ class Lease:
 
 def held(directory: str | os.PathLike) -> contextlib.AbstractContextManager:
     """The lease of ``directory`` for a ``with`` block when it is on an object store (taken by
-    process 0, the outcome agreed by every process: train/workdir_lock.py ``lead_holds``);
+    process 0, the outcome agreed by every process: operations/workdir_lock.py ``lead_holds``);
     nothing for a local directory."""
     if not storage.on_object_store(directory):
         return contextlib.nullcontext()

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boost_jax.train.checkpoint import Checkpointer
+from boost_jax.checkpointing.checkpointer import Checkpointer
 from tests.train.test_cli import FAULTS, _cmd, _env, _tiny_gin
 from tests.train.test_trainer import _losses
 
@@ -67,7 +67,8 @@ class _Bucket:
 
     def rot(self, prefix: str, nbytes: int = 4096) -> str:
         """Random bytes written inside the largest object under ``prefix`` (its size
-        unchanged, as tests/train/test_checkpoint.py's ``_rot`` does on a disk); its key."""
+        unchanged, as tests/checkpointing/test_checkpointer.py's ``_rot`` does on a disk); its
+        key."""
         sizes = self.sizes(prefix)
         key = max(sizes, key=sizes.get)
         data = bytearray(self.emulator.read(self.name, key))
@@ -166,7 +167,7 @@ def emulated(scheme: str) -> Iterator[_Emulator]:
     """An object-store emulator of ``scheme`` on a free local port (moto's S3 server;
     gcp-storage-emulator for GCS) and this process's environment pointing at it, while the
     block runs; the test is skipped, saying what to install, where the packages are missing.
-    (Shared with tests/train/test_object_store_runs.py.)"""
+    (Shared with tests/checkpointing/test_object_store_runs.py.)"""
     modules, install = NEEDS[scheme]
     missing = [m for m in modules if not _importable(m)]
     if missing:
@@ -337,10 +338,11 @@ def test_a_save_never_committed_is_removed_at_start(store, tmp_path, monkeypatch
 
 
 def test_the_run_files_folder_is_never_a_step(store, tmp_path, monkeypatch):
-    """``<checkpoint_dir>/run/`` (the run's files, train/run_files.py) beside the steps: never
+    """``<checkpoint_dir>/run/`` (the run's files, checkpointing/run_files.py) beside the steps:
+    never
     listed as a step (by the checkpointer or boost_jax.eval's listing), never removed as an
     unfinished save, never moved aside with a damaged step, never deleted by ``keep``."""
-    from boost_jax.train.run_files import RunFiles
+    from boost_jax.checkpointing.run_files import RunFiles
     from boost_jax.train.trained import checkpoint_steps
 
     monkeypatch.chdir(tmp_path)
@@ -371,10 +373,10 @@ def test_the_run_files_folder_is_never_a_step(store, tmp_path, monkeypatch):
 
 
 def test_the_lease_on_a_bucket(store):
-    """Guards train/checkpoint_lease.py on S3 and GCS: the lease is an object under
+    """Guards checkpointing/lease.py on S3 and GCS: the lease is an object under
     ``<checkpoint_dir>/run/`` (never a step); a second run is refused once the holder's renewal
     shows it alive; a clean end deletes the lease, and the next run takes it at once."""
-    from boost_jax.train.checkpoint_lease import CheckpointDirBusy, Lease
+    from boost_jax.checkpointing.lease import CheckpointDirBusy, Lease
 
     bucket = store.bucket("lease")
     url = f"{bucket.url}/ckpt"
@@ -416,7 +418,7 @@ def test_a_run_killed_resumes_exactly_and_damage_is_quarantined(store, tiny_data
     """``python -m boost_jax.train`` with its checkpoints on the object store: SIGKILL while
     checkpoint 6 is being committed, then a resume on a fresh machine (a new, empty workdir;
     the same --checkpoint_dir): the unfinished save removed, the run's history taken from the
-    bucket (train/run_files.py) and steps 1..10 logged once each, with the losses of an
+    bucket (checkpointing/run_files.py) and steps 1..10 logged once each, with the losses of an
     uninterrupted run (fp32). Then a chunk object of the newest checkpoint (10) is damaged in
     the bucket: the next run moves that step aside (every object), resumes from 8 and trains
     steps 9 and 10 to the same losses again."""

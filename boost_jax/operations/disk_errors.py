@@ -1,6 +1,7 @@
 """A run file that cannot be written -- a full disk, a quota, a lost mount -- as one line.
 
-The checkpoints have their own (train/checkpoint.py ``CheckpointWriteError``, which also reads
+The checkpoints have their own (checkpointing/checkpointer.py ``CheckpointWriteError``, which also
+reads
 TensorStore's errors); this covers the workdir's files: ``metrics.jsonl``, TensorBoard's
 events, ``config.gin`` / ``config.json`` and ``last_checkpoint.json``. Both end the run with
 exit code 1 (train/main.py): not 75, which tells a scheduler to retry into the same full disk.

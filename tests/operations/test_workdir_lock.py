@@ -1,4 +1,4 @@
-"""One run per workdir (train/workdir_lock.py). The refusal of a second real process is in
+"""One run per workdir (operations/workdir_lock.py). The refusal of a second real process is in
 tests/train/test_cli.py (test_sigterm_leaves_a_usable_checkpoint, which has a run going)."""
 
 import json
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from boost_jax.train.workdir_lock import LOCK, WorkdirBusy, held
+from boost_jax.operations.workdir_lock import LOCK, WorkdirBusy, held
 
 
 def test_a_held_workdir_refuses_a_second_run_naming_the_holder(tmp_path):

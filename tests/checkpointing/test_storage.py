@@ -1,4 +1,4 @@
-"""Where checkpoints live (train/storage.py), without any storage server: local paths as
+"""Where checkpoints live (checkpointing/storage.py), without any storage server: local paths as
 before, object-store URLs kept as URLs (never a local directory), what each scheme needs, and
 the s3:// kvstore that orbax's private builder is wrapped to give (fails when orbax moves it)."""
 
@@ -13,8 +13,8 @@ import pytest
 from etils import epath
 
 from boost_jax import compat
+from boost_jax.checkpointing import storage
 from boost_jax.errors import ConfigError
-from boost_jax.train import storage
 
 
 def test_a_local_directory_is_made_absolute_as_before(tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from boost_jax.train.progress import duration
+from boost_jax.operations.progress import duration
 
 #: the buckets, in the order the summary line shows them; ``step`` is the productive one
 BUCKETS = ("step", "compile", "data", "checkpoint", "eval", "lost", "other")

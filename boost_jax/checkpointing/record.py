@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from boost_jax.config import ConfigError
-from boost_jax.train.disk_errors import writing
+from boost_jax.operations.disk_errors import writing
 
 RECORD = "last_checkpoint.json"
 

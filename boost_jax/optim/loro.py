@@ -9,7 +9,7 @@ and ``scripts/loro_c4/*.sh``: the exact-step cadence, the state refresh, the lea
 scaler and restart warm-up), written here in this repository's ``x @ W`` orientation: a
 projection is ``W = A B`` with ``A [n_in, r]``, ``B [r, n_out]`` (their ``N = A``, ``M = B^T``).
 
-Moments, refresh, restart warm-up and the rule of every other parameter: train/loro_adam.py.
+Moments, refresh, restart warm-up and the rule of every other parameter: optim/loro_adam.py.
 For a factor ``X`` in ``{A, B}`` LORO steps along ``D_X = m / (sqrt(v) + 1e-6)``
 (``loro_optim.py:280-285``) with the bias-corrected step ``eta = lr * sqrt(1 - b2^t) / (1 -
 b1^t)`` (``:287-291``, ``t``: updates since the last refresh).
@@ -43,7 +43,7 @@ QRs of ``2r``-column blocks per pair, done by the distributed shifted CholeskyQR
 parallel/loro_qr.py. Singular vectors are signed so that each column of ``Us`` has its
 largest entry positive (theirs are unsigned: a gauge that leaves ``A B`` unchanged). After the
 exact step every moment is reset and ``t`` restarts unless ``Train.loro_reset_moments=False``;
-the learning rate then warms up again (train/loro_adam.py).
+the learning rate then warms up again (optim/loro_adam.py).
 
 Sharding: under ``btp`` each factor is split on its full dim, so the QRs take three all-reduces
 (one per CholeskyQR pass, every pair's Gram triangles in one): ``r (2r + 1)`` elements per
@@ -67,6 +67,15 @@ from absl import logging
 from jax import lax
 
 from boost_jax.config import ConfigError, Model, Parallel, Train
+from boost_jax.optim.loro_adam import (
+    LORO_EPS,
+    adam_state,
+    authors_regular,
+    moments,
+    refresh,
+    restart_schedule,
+)
+from boost_jax.optim.optimizer import Optimizer, lr_schedule
 from boost_jax.parallel.loro_qr import (
     HIGHEST,
     FactorSplit,
@@ -77,15 +86,6 @@ from boost_jax.parallel.loro_qr import (
     matrixwise,
 )
 from boost_jax.parallel.plans.base import as_entry, entry_axes
-from boost_jax.train.loro_adam import (
-    LORO_EPS,
-    adam_state,
-    authors_regular,
-    moments,
-    refresh,
-    restart_schedule,
-)
-from boost_jax.train.optimizer import Optimizer, lr_schedule
 
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel

@@ -1,12 +1,12 @@
-"""One run per checkpoint bucket (train/checkpoint_lease.py), on a local directory with a test
-clock; the same lease on the S3 and GCS emulators is in tests/train/test_object_store.py."""
+"""One run per checkpoint bucket (checkpointing/lease.py), on a local directory with a test
+clock; the same lease on the S3 and GCS emulators is in tests/checkpointing/test_object_store.py."""
 
 import json
 import socket
 
 import pytest
 
-from boost_jax.train.checkpoint_lease import LEASE, CheckpointDirBusy, Lease
+from boost_jax.checkpointing.lease import LEASE, CheckpointDirBusy, Lease
 
 TTL, RENEW = 120.0, 30.0
 

@@ -9,7 +9,7 @@ import time
 import jax
 import pytest
 
-from boost_jax.train.goodput import BUCKETS, carried, fractions, summary, zeros
+from boost_jax.operations.goodput import BUCKETS, carried, fractions, summary, zeros
 from boost_jax.train.loop import run
 from tests.train.test_trainer import _config
 

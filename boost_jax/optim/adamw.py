@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from boost_jax.config import ConfigError, Model, Train
-from boost_jax.train.optimizer import Optimizer, lr_schedule, weight_decay_mask
+from boost_jax.optim.optimizer import Optimizer, lr_schedule, weight_decay_mask
 
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel
@@ -40,7 +40,7 @@ def scale_factors(scale: float, model: Model | None) -> optax.GradientTransforma
     """Multiply the updates of the low-rank factors (the A and B leaves of every projection,
     :data:`FACTORS`) by ``scale``; a negative ``scale`` means ``rank / d_model`` per projection
     (the attention rank for q, k, v, o, the MLP rank for the rest), as LORO scales its factors'
-    steps (train/loro.py). Stateless; runs on any shard of the parameters (names, not
+    steps (optim/loro.py). Stateless; runs on any shard of the parameters (names, not
     shapes)."""
 
     def factor(path) -> float:

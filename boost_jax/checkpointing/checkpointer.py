@@ -2,7 +2,7 @@
 metadata (config, data position).
 
 Layout: ``<workdir>/checkpoints/<step>/{state, meta}``; the directory may also be an object
-store's (``s3://bucket/run``, ``gs://bucket/run``: :mod:`boost_jax.train.storage`, through
+store's (``s3://bucket/run``, ``gs://bucket/run``: :mod:`boost_jax.checkpointing.storage`, through
 which every file operation here goes, as orbax's own go through epath). Orbax writes each step
 under a temporary name and renames it when complete (on an object store: in place, committed
 by orbax's marker file), so an interrupted save never looks like a checkpoint; saves left
@@ -15,15 +15,15 @@ Restore tries the newest step first, in order: its metadata parses; its config f
 (``check_meta``, train/resume.py); its state's tree (names, shapes, dtypes, read from orbax's
 tree metadata without reading an array) is this run's; the arrays read with every chunk's
 checksum intact; every value is finite and the state is of that step
-(:mod:`boost_jax.train.integrity`). What goes wrong is one of three kinds:
+(:mod:`boost_jax.checkpointing.integrity`). What goes wrong is one of three kinds:
 
 - **damage, proven** -- a checksum or decode failure, a file still missing after the retries,
   a non-finite value, another step's state: the checkpoint is reported in one line, moved aside
   to ``corrupt-<step>-<time>`` (nothing is deleted; on an object store each object is moved,
-  the commit marker last: :func:`~boost_jax.train.storage.move_aside`) and the next older step
-  is tried;
+  the commit marker last: :func:`~boost_jax.checkpointing.storage.move_aside`) and the next older
+  step is tried;
 - **a mismatch** -- a config field that must match, or a state tree that is not this run's (an
-  optimizer switched, an optax upgrade): :class:`~boost_jax.train.resume.ResumeMismatch`, one
+  optimizer switched, an optax upgrade): :class:`ResumeMismatch` (train/resume.py's checks), one
   line naming what differs; nothing is read further, moved or written;
 - **anything else** (an I/O error, an error of unknown kind): retried ``READ_ATTEMPTS`` times
   with a growing pause, logged; still failing, the step's files are compared with the sizes
@@ -53,11 +53,10 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from boost_jax.checkpointing import read_failures, storage
+from boost_jax.checkpointing.integrity import STATE_FORMAT, ChunkChecksums, verify
+from boost_jax.checkpointing.read_failures import Failure, ResumeMismatch
 from boost_jax.parallel import distributed
-from boost_jax.train import storage
-from boost_jax.train.integrity import STATE_FORMAT, ChunkChecksums, verify
-from boost_jax.train.read_failures import Failure, classify, one_line, os_error
-from boost_jax.train.resume import ResumeMismatch
 
 ITEMS = ("state", "meta")
 TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's suffix for a step still being written
@@ -135,7 +134,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | os.PathLike, keep: int, asynchronous: bool = True):
         """``directory``: a local path or an ``s3://`` / ``gs://`` URL
-        (:func:`~boost_jax.train.storage.checkpoint_path`; raises ConfigError for another
+        (:func:`~boost_jax.checkpointing.storage.checkpoint_path`; raises ConfigError for another
         scheme or a missing package)."""
         self.directory = storage.checkpoint_path(directory)
         self.keep, self.asynchronous = keep, asynchronous
@@ -217,7 +216,7 @@ class Checkpointer:
         return None
 
     def _write_error(self, err: Exception) -> Exception:
-        os_err = os_error(err)
+        os_err = read_failures.os_error(err)
         if os_err is None:
             return err
         where = os_err.filename or self.directory
@@ -266,7 +265,7 @@ class Checkpointer:
         """Restore the newest intact checkpoint into ``target`` (shapes and shardings).
 
         ``check_meta`` sees each candidate's metadata before anything else is read and raises
-        to refuse it (:class:`~boost_jax.train.resume.ResumeMismatch`): that error propagates,
+        to refuse it (:class:`ResumeMismatch`): that error propagates,
         like a state tree that is not ``target``'s. Raises :class:`CheckpointReadError` for a
         read that keeps failing without proven damage. Returns None when no checkpoint is left;
         the ones moved aside are in :attr:`quarantined`.
@@ -314,7 +313,7 @@ class Checkpointer:
                 try:
                     value = read()
                 except Exception as err:  # orbax/tensorstore raise many types
-                    why, kind = one_line(err), classify(err)
+                    why, kind = read_failures.one_line(err), read_failures.classify(err)
             worst = Failure(distributed.max_value(kind))
             why = why or "unreadable on another process"
             if worst == Failure.NONE:

@@ -1,5 +1,5 @@
-"""The :class:`Optimizer` record every optimizer builder returns (AdamW, train/adamw.py; LORO,
-train/loro.py), and what they share: the learning-rate schedule, the weight-decay mask and
+"""The :class:`Optimizer` record every optimizer builder returns (AdamW, optim/adamw.py; LORO,
+optim/loro.py), and what they share: the learning-rate schedule, the weight-decay mask and
 clipping by a given global norm.
 
 An optimizer is an elementwise optax transformation, so it runs unchanged on any shard of the

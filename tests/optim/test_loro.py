@@ -1,4 +1,4 @@
-"""LORO (train/loro.py): the optax transformation against a direct NumPy transcription of the
+"""LORO (optim/loro.py): the optax transformation against a direct NumPy transcription of the
 authors' update (fp64), the distributed CholeskyQR's orthogonality, single device == btp TP=4
 == vanilla TP=4 through the train step, exact resume across an exact step, and the errors."""
 
@@ -15,11 +15,11 @@ from jax.sharding import PartitionSpec as P
 from boost_jax.config import ConfigError, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
+from boost_jax.optim import make_optimizer
+from boost_jax.optim.optimizer import lr_schedule
 from boost_jax.parallel.loro_qr import cholesky_qr
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.testing import SINGLE, rel_err, tiny
-from boost_jax.train.optim import make_optimizer
-from boost_jax.train.optimizer import lr_schedule
 
 K = 3  # exact steps at updates 2, 5, ...
 TRAIN = Train(optimizer="loro", loro_exact_every=K, steps=40, learning_rate=3e-3,
@@ -257,7 +257,7 @@ def _trained(plan: str, tensor: int, steps: int = 5):
 
 def _products(params) -> dict:
     """``W = A B`` of every factor pair (the weights the model computes with)."""
-    from boost_jax.train.loro import PAIRS
+    from boost_jax.optim.loro import PAIRS
     out, blocks = {}, params["blocks"]
     for proj, members, b in PAIRS:
         a = blocks[proj]["a"]
@@ -275,8 +275,8 @@ def test_tensor_parallel_matches_single_device(plan):
     relative error, as the plan tests); the AdamW leaves (embeddings, norms, head) by norm --
     their max-abs error is a single embedding entry 4x the next (1.6e-6 absolute; Adam's
     ``m / (sqrt(v) + eps)`` magnifies a near-zero gradient's noise), the rest <= 4e-7."""
+    from boost_jax.optim.loro import BLOCKS
     from boost_jax.testing import norm_rel_err
-    from boost_jax.train.loro import BLOCKS
 
     _, _, ref_losses, ref = _trained("none", 1)
     _, _, losses, params = _trained(plan, 4)

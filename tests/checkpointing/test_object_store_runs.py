@@ -1,10 +1,10 @@
 """A run whose checkpoints are on an object store (``--checkpoint_dir=s3://...``), used as a
 user does: restarted on a fresh machine (an empty workdir) it keeps its history from the
-run's files beside the checkpoints (train/run_files.py); its checkpoints are read back by
+run's files beside the checkpoints (checkpointing/run_files.py); its checkpoints are read back by
 ``boost_jax.export``, ``boost_jax.generate`` and ``boost_jax.eval`` from the bucket (no local
 workdir), equal to the same checkpoint read from a local directory.
 
-One tiny training run on moto's S3 server (started here: tests/train/test_object_store.py's
+One tiny training run on moto's S3 server (started here: tests/checkpointing/test_object_store.py's
 :func:`emulated`), restarted once on a new workdir, shared by the module's tests."""
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from pathlib import Path
 import jax
 import pytest
 
+from boost_jax.checkpointing.run_files import RunFiles
 from boost_jax.commands import export as export_cli
 from boost_jax.commands import generate as generate_cli
 from boost_jax.errors import ConfigError
 from boost_jax.interop.export import load_export
+from boost_jax.operations.goodput import read_history
 from boost_jax.testing import tiny
-from boost_jax.train.goodput import read_history
 from boost_jax.train.loop import run
-from boost_jax.train.run_files import RunFiles
 from boost_jax.train.trained import checkpoint_steps, load_trained, trained_config
+from tests.checkpointing.test_object_store import _Bucket, _Emulator, emulated
 from tests.interop.test_export import assert_params_equal
-from tests.train.test_object_store import _Bucket, _Emulator, emulated
 from tests.train.test_trainer import _config, _losses
 
 PROMPTS = ["ROMEO:", "The king"]
@@ -185,7 +185,7 @@ def test_a_brief_outage_is_retried_and_a_lasting_one_reported_at_every_save(
         return read(self, *args, **kwargs)
 
     monkeypatch.setattr("etils.epath.gpath.PosixGPath.read_bytes", flaky)
-    monkeypatch.setattr("boost_jax.train.run_files.FETCH_DELAYS_S", (0.0, 0.0))
+    monkeypatch.setattr("boost_jax.checkpointing.run_files.FETCH_DELAYS_S", (0.0, 0.0))
     budget = [1]
     (tmp_path / "brief").mkdir()
     brief = RunFiles(tmp_path / "brief", url)

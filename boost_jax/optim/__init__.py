@@ -1,6 +1,8 @@
-"""The optimizer ``Train.optimizer`` names, chosen in this one place: AdamW (train/adamw.py)
-or LORO (train/loro.py). Both return the :class:`~boost_jax.train.optimizer.Optimizer` record
-(train/optimizer.py)."""
+"""Optimizers, each an optax transformation that runs unchanged on any shard of the parameters:
+the :class:`~boost_jax.optim.optimizer.Optimizer` record every builder returns, with the
+schedule, the weight-decay mask and clipping (:mod:`.optimizer`); AdamW (:mod:`.adamw`); LORO
+(:mod:`.loro`, :mod:`.loro_adam`; its collectives in parallel/loro_qr.py). The one that
+``Train.optimizer`` names is chosen here (:func:`make_optimizer`)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from boost_jax.config import Model, Train
-from boost_jax.train.adamw import make_adamw
-from boost_jax.train.loro import make_loro
-from boost_jax.train.optimizer import Optimizer
+from boost_jax.optim.adamw import make_adamw
+from boost_jax.optim.loro import make_loro
+from boost_jax.optim.optimizer import Optimizer
 
 if TYPE_CHECKING:
     from boost_jax.parallel.runner import ShardedModel

@@ -1,4 +1,4 @@
-"""The AdamW of train/optim.py: the factors' learning-rate scale."""
+"""The AdamW of optim/__init__.py: the factors' learning-rate scale."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from boost_jax.config import ConfigError, Train
+from boost_jax.optim import make_optimizer
 from boost_jax.parallel.runner import canonical_shapes
 from boost_jax.testing import tiny
-from boost_jax.train.optim import make_optimizer
 
 
 @pytest.mark.parametrize("scale", [-1.0, 0.5])
@@ -44,7 +44,7 @@ def test_the_factors_update_is_scaled(scale):
 def test_grad_clip_zero_means_no_clipping():
     """``Train.grad_clip=0`` (the LORO scripts' ``--grad_clipping 0``) leaves the gradients
     as they are; a positive one scales them to it; a negative one is refused."""
-    from boost_jax.train.optimizer import clip_by_norm
+    from boost_jax.optim.optimizer import clip_by_norm
 
     grads = {"w": jnp.full((3,), 4.0)}
     norm = jnp.linalg.norm(grads["w"])

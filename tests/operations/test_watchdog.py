@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from boost_jax.train.watchdog import (
+from boost_jax.operations.watchdog import (
     EXIT_HANG,
     HANG_FACTOR,
     HANG_FLOOR_S,

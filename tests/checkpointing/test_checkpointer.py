@@ -1,5 +1,6 @@
 """Nothing lost, nothing poisoned: checkpoints verified on restore, no silent fresh start, an
-append-only metrics history, stale temporaries, a full disk (train/checkpoint.py, metrics.py,
+append-only metrics history, stale temporaries, a full disk (checkpointing/checkpointer.py,
+metrics.py,
 integrity.py)."""
 
 import contextlib
@@ -15,9 +16,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from boost_jax.checkpointing.checkpointer import Checkpointer, CheckpointWriteError
+from boost_jax.checkpointing.integrity import chunk_checksums_off, verify
 from boost_jax.config import ConfigError
-from boost_jax.train.checkpoint import Checkpointer, CheckpointWriteError
-from boost_jax.train.integrity import chunk_checksums_off, verify
 from boost_jax.train.loop import run
 from tests.train.test_trainer import _config, _losses
 
@@ -292,7 +293,8 @@ def test_a_full_disk_seen_by_tensorstore_is_one_line(tmp_path, monkeypatch):
 def test_a_save_that_fails_in_the_background_ends_the_run_at_the_next_step(tiny_data, tmp_path,
                                                                            small_disk):
     """Guards issue 46 case 2: the asynchronous save at step 100 fails on a full disk (a real
-    one, train/checkpoint.py ``check``); the run ends with the one-line CheckpointWriteError a
+    one, checkpointing/checkpointer.py ``check``); the run ends with the one-line
+    CheckpointWriteError a
     few steps later -- not at the final save of step 200, 100 steps of work later."""
     cfg = _config(tiny_data, 200, checkpoint_every=100, log_every=1)
     with pytest.raises(CheckpointWriteError) as err:
@@ -349,7 +351,7 @@ def _config_groups(saved, size):
     (ValueError("Tree structures differ: {'a': *} vs {'b': *}"), "UNKNOWN"),
 ])
 def test_what_counts_as_damage(err, kind):
-    from boost_jax.train.read_failures import Failure, classify
+    from boost_jax.checkpointing.read_failures import Failure, classify
 
     wrapped = RuntimeError("Encountered error while reading")
     wrapped.__cause__ = err
@@ -360,7 +362,7 @@ def test_what_counts_as_damage(err, kind):
 def test_root_cause_follows_causes_and_contexts():
     """The one unwrapping of orbax's errors (checkpoint restores, trained.read_params): explicit
     causes and implicit contexts, down to the innermost; a cycle ends it."""
-    from boost_jax.train.read_failures import root_cause
+    from boost_jax.checkpointing.read_failures import root_cause
 
     inner = ValueError("DATA_LOSS: Digest mismatch")
     middle = RuntimeError("Encountered error while reading")
@@ -374,7 +376,7 @@ def test_root_cause_follows_causes_and_contexts():
 def _failing_reads(monkeypatch, step, times):
     """The state of checkpoint ``step`` raises an injected I/O error on its first ``times``
     reads; returns the list of failed attempts."""
-    from boost_jax.train import checkpoint
+    from boost_jax.checkpointing import checkpointer as checkpoint
 
     monkeypatch.setattr(checkpoint, "RETRY_DELAY_S", 0.0)
     real, failed = ocp.StandardCheckpointHandler.restore, []
@@ -402,7 +404,7 @@ def test_a_transient_read_error_is_retried_and_the_run_resumes(tiny_data, eight_
 
 def test_a_read_error_that_persists_is_reported_not_quarantined(tiny_data, eight_steps, tmp_path,
                                                                 monkeypatch):
-    from boost_jax.train.checkpoint import READ_ATTEMPTS, CheckpointReadError
+    from boost_jax.checkpointing.checkpointer import READ_ATTEMPTS, CheckpointReadError
 
     workdir = _copy(eight_steps, tmp_path)
     before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
@@ -426,8 +428,8 @@ def test_an_optimizer_state_of_another_shape_is_a_mismatch(tiny_data, eight_step
     chain): one line naming the first difference, nothing moved; the old version resumes."""
     import optax
 
+    from boost_jax.optim import make_optimizer
     from boost_jax.train import loop
-    from boost_jax.train.optim import make_optimizer
     from boost_jax.train.resume import ResumeMismatch
 
     def upgraded(train, model=None):
@@ -456,7 +458,7 @@ def test_a_truncated_data_file_is_damage_by_the_recorded_sizes(tiny_data, eight_
     storage error) keeps failing, its size is not the one recorded at save, so it is damage:
     moved aside, and the run resumes from checkpoint 4 -- instead of stopping with "left in
     place" at every rerun."""
-    from boost_jax.train import checkpoint
+    from boost_jax.checkpointing import checkpointer as checkpoint
 
     monkeypatch.setattr(checkpoint, "RETRY_DELAY_S", 0.0)
     workdir = _copy(eight_steps, tmp_path)

@@ -1,6 +1,6 @@
 """The progress line: window averages, percent, ETA."""
 
-from boost_jax.train.progress import Window, duration
+from boost_jax.operations.progress import Window, duration
 
 
 def test_duration():

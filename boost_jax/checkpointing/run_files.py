@@ -3,7 +3,7 @@ another machine (an empty local workdir, the same ``--checkpoint_dir``) keeps it
 
 The workdir stays local: ``metrics.jsonl`` is appended line by line there, TensorBoard's
 events and the logs are written there. When the checkpoints are on an object store
-(``s3://``, ``gs://``; train/storage.py), process 0 also copies the run's small files --
+(``s3://``, ``gs://``; checkpointing/storage.py), process 0 also copies the run's small files --
 ``config.gin``, ``config.json``, ``metrics.jsonl`` and ``wandb_run_id`` when there is one --
 to ``<checkpoint_dir>/run/`` (a name that is no step: checkpoint listing, clean-up and
 quarantine never take it for one): when training starts, after each checkpoint save (only
@@ -11,7 +11,7 @@ the files changed since the last copy) and at the end of the run.
 
 At start, before the metrics are opened, a workdir without ``metrics.jsonl`` gets the
 bucket's copy (and ``wandb_run_id``, so the W&B run continues): the goodput account and the
-rewind of the metrics to the checkpoint resumed from (train/goodput.py, train/metrics.py) then
+rewind of the metrics to the checkpoint resumed from (operations/goodput.py, train/metrics.py) then
 see the run's whole history, and no step is logged twice. A workdir whose ``metrics.jsonl``
 ends at an earlier step than the bucket's (a stale workdir of a machine the run left) gets the
 bucket's copy too; its own is kept as ``metrics.stale-<step>.jsonl``. A local copy that ends
@@ -32,12 +32,12 @@ from pathlib import Path
 from absl import logging
 from etils import epath
 
-from boost_jax.train import storage
-from boost_jax.train.goodput import read_history
-from boost_jax.train.wandb_logger import RUN_ID_FILE
+from boost_jax.checkpointing import storage
+from boost_jax.operations.goodput import read_history
 
 RUN_DIR = "run"  #: the folder, in the checkpoint directory, that holds the copies
 METRICS = "metrics.jsonl"
+RUN_ID_FILE = "wandb_run_id"  #: the W&B run's id (train/wandb_logger.py)
 MIRRORED = ("config.gin", "config.json", METRICS, RUN_ID_FILE)  #: copied to the bucket
 #: the waits before reading the bucket's copy again at start (a store's brief outage)
 FETCH_DELAYS_S = (0.5, 2.0)

@@ -1,7 +1,7 @@
 """What makes a restored train state trustworthy: checksummed chunks and a finite state.
 
 **Chunk checksums.** The state is written in Zarr v3 (orbax's ``use_zarr3``), each chunk
-compressed by zstd. Each :class:`~boost_jax.train.checkpoint.Checkpointer` claims its
+compressed by zstd. Each :class:`~boost_jax.checkpointing.checkpointer.Checkpointer` claims its
 directory (:class:`ChunkChecksums`), and every Zarr v3 array orbax writes under it gets the
 zstd codec's ``checksum`` option: zstd stores a 32-bit XXH64 digest of each chunk's content in
 its frame, and TensorStore checks it when it decompresses the chunk, so a byte flipped inside a
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from etils import epath
 
 from boost_jax import compat
-from boost_jax.train import storage
+from boost_jax.checkpointing import storage
 
 STATE_FORMAT = "zarr3+zstd-checksum"  # recorded in a checkpoint's meta; absent: written without
 
@@ -82,7 +82,7 @@ _OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("boost_jax_chunk_che
 def _checksummed_under(directory: str | os.PathLike) -> bool:
     """Whether an array orbax writes under ``directory`` checksums its chunks: the innermost
     claimed directory holding it says (none: no). Local or an object store's URL: orbax's
-    ``parent_dir`` is absolute, as :func:`~boost_jax.train.storage.checkpoint_path` makes a
+    ``parent_dir`` is absolute, as :func:`~boost_jax.checkpointing.storage.checkpoint_path` makes a
     claimed directory."""
     path = epath.Path(os.fspath(directory))
     with _LOCK:
@@ -120,7 +120,7 @@ def install_chunk_checksums() -> None:
     except Exception as err:
         raise RuntimeError(
             f"orbax-checkpoint {compat.orbax_version()} builds its Zarr v3 metadata "
-            f"differently from what boost_jax/train/integrity.py expects "
+            f"differently from what boost_jax/checkpointing/integrity.py expects "
             f"({type(err).__name__}: {err}); chunk checksums cannot be installed: install a "
             "tested orbax-checkpoint (pyproject.toml)") from None
     with _LOCK:
@@ -131,7 +131,7 @@ def install_chunk_checksums() -> None:
 
 class ChunkChecksums:
     """Chunk checksums for the arrays orbax writes under ``directory`` (one per
-    :class:`~boost_jax.train.checkpoint.Checkpointer`, claimed until :meth:`release`)."""
+    :class:`~boost_jax.checkpointing.checkpointer.Checkpointer`, claimed until :meth:`release`)."""
 
     def __init__(self, directory: str | os.PathLike):
         install_chunk_checksums()

@@ -1,6 +1,7 @@
 """What a failed checkpoint read raised, and what kind of failure it is (:func:`classify`):
 damage only when the bytes are proven bad, so that a checkpoint is quarantined only then
-(train/checkpoint.py); and the root cause orbax and TensorStore wrap (:func:`root_cause`)."""
+(checkpointing/checkpointer.py); and the root cause orbax and TensorStore wrap
+(:func:`root_cause`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ import enum
 import json
 import os
 import re
+
+from boost_jax.errors import ConfigError
+
+
+class ResumeMismatch(ConfigError):
+    """The checkpoints of a workdir do not fit this run's configuration or state (one line)."""
+
 
 
 class Failure(enum.IntEnum):

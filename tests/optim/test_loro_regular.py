@@ -1,4 +1,4 @@
-"""LORO's regular group and recipe knobs (train/loro_adam.py): the transformation in fp64 against
+"""LORO's regular group and recipe knobs (optim/loro_adam.py): the transformation in fp64 against
 a NumPy transcription of the authors' ``LOROAdamW._regular_step`` (github.com/mzf666/LORO-main
 at 4da57b6), through exact steps and moment resets, and the config fields."""
 
@@ -11,7 +11,7 @@ from boost_jax.config_fields import NOTE
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import rel_err, tiny
-from tests.train.test_loro import K, _flat, _reference, _restart_lr, _run_fp64
+from tests.optim.test_loro import K, _flat, _reference, _restart_lr, _run_fp64
 
 NORMS = ("attn_norm", "mlp_norm", "final_norm")
 
@@ -44,7 +44,7 @@ def test_regular_group_matches_loro_adamw(knobs):
     ``loro_reset_moments=False``) in fp64 with weight decay 0.1: the embeddings, norms and
     head equal the transcription of the authors' regular step to 1e-12 (their displacement
     from the init to 1e-9), and the factors the fp64 transcription of the factor updates of
-    tests/train/test_loro.py, with the approximate steps scaled by ``loro_lr_scaler``."""
+    tests/optim/test_loro.py, with the approximate steps scaled by ``loro_lr_scaler``."""
     train = Train(optimizer="loro", loro_exact_every=K, steps=40, learning_rate=1e-2,
                   weight_decay=0.1, **knobs)
     model = tiny("svd", n_layers=1)

@@ -1,4 +1,4 @@
-"""LORO's Adam side (train/loro.py holds the factor pairs and their Riemannian steps): the
+"""LORO's Adam side (optim/loro.py holds the factor pairs and their Riemannian steps): the
 moments every parameter keeps, the rule of the *regular* group (every parameter that is not an
 svd factor: embeddings, norms, head), the state refresh after an exact step and the restart
 warm-up of the learning rate.
@@ -24,7 +24,7 @@ refresh. The factors' directions and the regular group's rule both read them fro
   factor (``loro_torch/lowrank_module.py:178-179, 185-192``), with no exclusion list.
   Equivalently ``mhat / (sqrt(vhat) + 1e-6 / sqrt(1 - b2^t))``: the effective eps is
   ``3.2e-5`` at ``t = 1`` and recurs after every refresh.
-- ``'adamw'``: the masked ``optax.adamw`` of train/adamw.py (eps ``1e-8`` on the corrected
+- ``'adamw'``: the masked ``optax.adamw`` of optim/adamw.py (eps ``1e-8`` on the corrected
   ``sqrt(vhat)``, decay ``lr wd p`` on the value before the step, none on norms).
 
 *Refresh* (``Train.loro_reset_moments``, default True as the authors' scripts run it:
@@ -46,11 +46,11 @@ import jax.numpy as jnp
 import optax
 
 from boost_jax.config import Train
-from boost_jax.train.optimizer import weight_decay_mask
+from boost_jax.optim.optimizer import weight_decay_mask
 
 #: LOROAdamW's eps (loro_optim.py:140): the factors' directions and the 'authors' regular rule
 LORO_EPS = 1e-6
-#: AdamW's eps (train/adamw.py), the 'adamw' regular rule
+#: AdamW's eps (optim/adamw.py), the 'adamw' regular rule
 ADAMW_EPS = 1e-8
 #: run_c4.py --cosine_restart_warmup default: steps of learning-rate warm-up after a refresh
 RESTART_WARMUP = 5
