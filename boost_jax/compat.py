@@ -197,7 +197,7 @@ def xla_pipelining_options_renamed() -> bool:
     ``xla_gpu_pipeline_{all_gather,reduce_scatter,all_reduce}`` (an enum,
     ``COLLECTIVE_PIPELINING_MODE_ON``): jaxlib >= 0.11, whose DebugOptions reserve the old
     ``xla_gpu_enable_pipelined_*`` names (XLA_FLAGS still maps them); read from the 0.10.2,
-    0.11.2 and 0.12.0.1 libraries (tests/tools/test_gpu_compile.py compiles with them)."""
+    0.11.2 and 0.12.0.1 libraries (tests/compiled/test_gpu_report.py compiles with them)."""
     return jax.__version_info__ >= (0, 11)
 
 

@@ -44,7 +44,7 @@ FLAGS_LIST = (
     # not by default: under gradient accumulation it pipelines the micro-step loop's
     # all-gathers by running each layer's tensor all-reduces twice (the 7B TP4 step: 2x the
     # formula's traffic, +3.4 GiB temporaries; compiled deviceless for A100s, 2026-11-28;
-    # tests/tools/test_gpu_compile_layouts.py keeps it off the defaults)
+    # tests/compiled/test_gpu_report_layouts.py keeps it off the defaults)
     Flag("xla_gpu_enable_pipelined_all_gather", "true",
          "FSDP: the next layer's all-gather under this layer's compute", "candidate"),
     Flag("xla_gpu_enable_pipelined_reduce_scatter", "true",

@@ -74,11 +74,11 @@ LONGEST = (
     "tests/parallel/test_multiprocess.py",       # 178 / -
     "tests/checkpointing/test_object_store.py",          # 148 / -
     "tests/train/test_trainer.py",               # 135 / -
-    "tests/tools/test_gpu_compile_layouts.py",   # skipped / 109
-    "tests/analysis/test_plan_verify_gpu.py",    # skipped / 62
+    "tests/compiled/test_gpu_report_layouts.py",   # skipped / 109
+    "tests/compiled/test_plan_verify_gpu.py",    # skipped / 62
     "tests/parallel/test_zero.py",               # 105 / 57
     "tests/parallel/test_remat.py",              # 103 / 101
-    "tests/tools/test_gpu_compile.py",           # skipped / 99
+    "tests/compiled/test_gpu_report.py",           # skipped / 99
     "tests/parallel/test_plans.py",              # 95 / 75
     "tests/train/test_parallel_runs.py",         # 93 / -
     "tests/parallel/test_communication.py",      # 89 / -

@@ -26,7 +26,7 @@ def _modules() -> dict[str, Path]:
 
 #: the library's folders that must not import each other both ways
 LAYERS = ("models", "parallel", "optim", "checkpointing", "operations", "train", "data",
-          "evaluation", "analysis", "commands")
+          "evaluation", "analysis", "compiled", "tools", "bench", "interop", "commands")
 
 
 def _runtime_imports(tree: ast.AST, type_checking: bool = False):

@@ -15,7 +15,7 @@ share JAX may allocate) and ranked by step time; each row names its binding cons
 (:attr:`Layout.binding`).
 
 Verification against the compiler (small shapes, simulated CPU devices) is in
-:mod:`boost_jax.analysis.plan_verify`.
+:mod:`boost_jax.compiled.plan_verify`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 #: share of HBM a run may use: launch/train.sh's default XLA_PYTHON_CLIENT_MEM_FRACTION
 USABLE_MEMORY = 0.90
 #: a layout fits when its predicted memory plus this share of it is within the budget: the
-#: memory model's error against compiled steps (analysis/plan_verify.py) stays below it
+#: memory model's error against compiled steps (compiled/plan_verify.py) stays below it
 HEADROOM = 0.10
 #: a layout using at least this share of its budget is bound by memory
 MEMORY_BOUND = 0.80

@@ -134,7 +134,7 @@ def profile_rows(config, steps: int, out: Path) -> list[dict]:
     import numpy as np
 
     from boost_jax.bench.measure import random_batch
-    from boost_jax.tools.comm_report import compile_step
+    from boost_jax.compiled.step_report import compile_step
     from boost_jax.train.step import init_state, stop_flags
 
     t = config.train

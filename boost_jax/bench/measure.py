@@ -61,7 +61,7 @@ def measure(config: Config, steps: int, gspmd: bool = False) -> dict:
     import jax
     import numpy as np
 
-    from boost_jax.tools.comm_report import build_report, compile_step
+    from boost_jax.compiled.step_report import build_report, compile_step
     from boost_jax.train.step import init_state, stop_flags
 
     t = config.train

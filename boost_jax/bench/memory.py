@@ -80,8 +80,8 @@ def measure_row(config: Config, devices) -> dict:
     """Compiled and predicted memory per device (GiB) of ``config``'s train step."""
     from boost_jax.analysis.hardware import PROFILES
     from boost_jax.analysis.perf_model import predict
-    from boost_jax.analysis.plan_verify import compiled_memory
-    from boost_jax.tools.comm_report import compile_step
+    from boost_jax.compiled.plan_verify import compiled_memory
+    from boost_jax.compiled.step_report import compile_step
 
     m, par, t = config.model, config.parallel, config.train
     _, _, compiled = compile_step(config, devices[:par.num_devices])
@@ -125,7 +125,7 @@ def measure_gpu_row(config: Config, target: str) -> dict:
     the GPU's capacity."""
     from boost_jax.analysis import gpu_program
     from boost_jax.analysis.perf_model import memory
-    from boost_jax.tools.gpu_compile import compile_for_gpu, model_memory
+    from boost_jax.compiled.gpu_report import compile_for_gpu, model_memory
 
     m, par, t = config.model, config.parallel, config.train
     topo = topology(config, target)

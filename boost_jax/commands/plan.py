@@ -148,7 +148,8 @@ def _run(model, train) -> int:
         raise ConfigError(f"no layout of {problem.gpus} GPUs fits: {reason}")
     checks = None
     if FLAGS.verify:
-        from boost_jax.analysis import gpu_target, plan_verify
+        from boost_jax.analysis import gpu_target
+        from boost_jax.compiled import plan_verify
 
         why = plan_verify.gpu_target_missing(FLAGS.hardware)
         if why is None:  # the layouts themselves, compiled for the profile's GPUs
@@ -182,7 +183,7 @@ def _run(model, train) -> int:
     else:
         print(format_plan(result, FLAGS.top))
         if checks is not None:
-            from boost_jax.analysis.plan_verify import format_checks
+            from boost_jax.compiled.plan_verify import format_checks
 
             print()
             print(format_checks(checks))

@@ -140,7 +140,7 @@ def test_gspmd_baseline_runs_the_plans_attention():
     on a GPU in bf16), not XLA's: the comparison is of the plans, not of the attention."""
     ops, text = _grad_ops(_model(Parallel(), gspmd=True), packed=False)
     # under GSPMD jax's cuDNN attention is custom-partitioned: its calls appear when XLA
-    # partitions the program (the GPU-compiled program: tests/tools/test_gpu_compile.py)
+    # partitions the program (the GPU-compiled program: tests/compiled/test_gpu_report.py)
     assert {op.target for op in lowered.custom_calls(ops)} == {"CustomSPMDPartitioning"}
     assert not _dense_pairs(text)
 

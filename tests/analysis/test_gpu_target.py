@@ -1,7 +1,7 @@
 """GPU targets for the deviceless compile (analysis/gpu_target.py): the names, the one-line
 errors without the plugin or with an unknown target, a spec file, the specs read out of the
 plugin's library, the topology flag. No plugin needed (the compile itself:
-tests/tools/test_gpu_compile.py)."""
+tests/compiled/test_gpu_report.py)."""
 
 import pytest
 

@@ -14,9 +14,9 @@ from boost_jax.analysis.flops import train_flops_per_token
 from boost_jax.analysis.hardware import PROFILES
 from boost_jax.analysis.paper import ARCHITECTURES, WEAK_SCALING, compare
 from boost_jax.analysis.perf_model import Efficiency, data_parallel_time, predict
+from boost_jax.compiled.step_report import build_report
 from boost_jax.config import Config, Data, Model, Parallel, Train
 from boost_jax.testing import tiny
-from boost_jax.tools.comm_report import build_report
 
 PLANS = [("dense", "fullrank"), ("cola", "vanilla"), ("cola", "btp")]
 BATCH, SEQ = 8, 16

@@ -7,10 +7,10 @@ import dataclasses
 import gin
 import pytest
 
-from boost_jax.analysis import plan_verify
 from boost_jax.analysis.hardware import PROFILES
 from boost_jax.analysis.paper import ARCHITECTURES, WEAK_SCALING, configs
 from boost_jax.analysis.planner import Problem, candidates, emit_gin, evaluate, plan
+from boost_jax.compiled import plan_verify
 from boost_jax.config import Config, Data, Model, Parallel, Train
 from boost_jax.gin_io import load_config, parse_gin
 from boost_jax.testing import tiny

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from boost_jax.compiled.step_report import build_report, check
 from boost_jax.config import Config, Data, Parallel, Train
 from boost_jax.testing import tiny
-from boost_jax.tools.comm_report import build_report, check
 
 BATCH, SEQ = 8, 16
 TOKENS = BATCH // 2 * SEQ  # per data shard (data=2)

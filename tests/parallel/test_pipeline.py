@@ -8,11 +8,11 @@ import jax
 import pytest
 
 from boost_jax.analysis import hlo
+from boost_jax.compiled.step_report import build_report, compile_step
 from boost_jax.config import Config, Data, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, rel_err, tiny, tree_rel_err
-from boost_jax.tools.comm_report import build_report, compile_step
 
 PLANS = {"cola": "btp", "dense": "fullrank"}
 
@@ -151,7 +151,7 @@ def test_stage_parameters_are_not_kept_per_iteration(layout):
     taken in the iteration kept +521 KB for two more iterations here, against a 361 KB
     stage."""
     from boost_jax.analysis.comm import local_parameters
-    from boost_jax.tools.comm_report import compile_step
+    from boost_jax.compiled.step_report import compile_step
 
     model = tiny("cola", n_layers=4, d_model=128, d_ff=512)  # parameters outweigh activations
     temp = {}
@@ -175,8 +175,8 @@ def test_fsdp_under_a_pipeline_holds_less_than_without_it():
     sharded stage in the iteration (kept for the backward pass once per iteration) held 13.5
     MB here against ZeRO 1's 10.8 MB (6.4 MB now); at the paper's 30B TP4xPP4 row compiled for
     A100s, 20.4 GiB against 15.1 GiB without FSDP (docs/BENCHMARKS.md)."""
-    from boost_jax.analysis.plan_verify import compiled_memory
-    from boost_jax.tools.comm_report import compile_step
+    from boost_jax.compiled.plan_verify import compiled_memory
+    from boost_jax.compiled.step_report import compile_step
 
     model = tiny("cola", n_layers=4, d_model=256, d_ff=1024)
     held = {}

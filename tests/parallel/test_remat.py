@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from boost_jax.compiled.step_report import build_report
 from boost_jax.config import Config, Data, Model, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, rel_err, tiny, tree_rel_err
-from boost_jax.tools.comm_report import build_report
 
 
 @functools.cache

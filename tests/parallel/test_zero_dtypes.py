@@ -19,11 +19,11 @@ from jax.sharding import NamedSharding
 from boost_jax.analysis import lowered
 from boost_jax.analysis.comm import data_parallel_bytes
 from boost_jax.analysis.hlo import collectives
+from boost_jax.compiled.step_report import build_report, compile_step
 from boost_jax.config import Config, ConfigError, Data, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, norm_rel_err, rel_err, tiny, tree_rel_err
-from boost_jax.tools.comm_report import build_report, compile_step
 
 #: run on CI's newest stack too (.ci/run): what a second JAX can change
 pytestmark = pytest.mark.jax_sensitive

@@ -11,11 +11,11 @@ import jax
 import pytest
 
 from boost_jax.analysis.hlo import collectives, entry_instructions
+from boost_jax.compiled.step_report import compile_step
 from boost_jax.config import Config, Data, Model, Parallel, Train
 from boost_jax.models.decoder import abstract_model
 from boost_jax.models.init import init_params
 from boost_jax.testing import SINGLE, loss_and_grads, rel_err, tiny, tree_rel_err
-from boost_jax.tools.comm_report import compile_step
 
 
 @pytest.mark.jax_sensitive

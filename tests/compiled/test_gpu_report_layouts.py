@@ -1,5 +1,5 @@
 """The train step compiled by XLA's GPU compiler for 8 H100s in one host, in the layouts and
-plans beside tests/tools/test_gpu_compile.py's btp steps (a file of its own, so that CI's two
+plans beside tests/compiled/test_gpu_report.py's btp steps (a file of its own, so that CI's two
 workers compile the two files' steps side by side): full-rank Megatron TP under ZeRO 1, and
 vanilla low-rank TP under FSDP with gradient accumulation, each checked for (a) the traffic
 against the formula, (b) the data-axis reductions' overlap and (c) no fp32 parameter traffic.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from boost_jax.config import Config, Data, Model, Parallel, Train
-from tests.tools.test_gpu_compile import (
+from tests.compiled.test_gpu_report import (
     LAYERS,
     SEQ,
     _layer_reductions,
@@ -49,7 +49,7 @@ def test_b_under_zero_1_and_fsdp(plan, zero, accum):
     gathers bf16."""
     if (why := _missing()) is not None:
         pytest.skip(why)
-    from boost_jax.tools.gpu_compile import compile_for_gpu, gpu_report
+    from boost_jax.compiled.gpu_report import compile_for_gpu, gpu_report
 
     arch = "dense" if plan == "fullrank" else "cola"
     config = Config(Model(size="tiny", n_layers=LAYERS, arch=arch),

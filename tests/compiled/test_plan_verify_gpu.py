@@ -1,6 +1,6 @@
 """``plan --verify`` where the ``gpu_compile`` extra is installed (CI's newest stack, jax >=
 0.12; skipped with the reason elsewhere): a layout compiled at full shape by XLA's GPU compiler
-for the planned GPUs (analysis/plan_verify.py ``check_layout_on_gpu``), the performance model's
+for the planned GPUs (compiled/plan_verify.py ``check_layout_on_gpu``), the performance model's
 memory per device within 10 % of the compiled program's and its communication the formula's.
 
 The layouts are two of the paper's rows (analysis/paper.py: the rows' batch, microbatches and
@@ -22,8 +22,9 @@ import dataclasses
 
 import pytest
 
-from boost_jax.analysis import gpu_target, plan_verify
+from boost_jax.analysis import gpu_target
 from boost_jax.analysis.hardware import PROFILES
+from boost_jax.compiled import plan_verify
 
 #: what a second JAX can change: CI's newest stack runs these (the only stack with the extra)
 pytestmark = pytest.mark.jax_sensitive

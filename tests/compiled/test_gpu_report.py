@@ -78,7 +78,7 @@ def program(request):
     """``(config, model, compiled, report, hlo)`` of the step for ``request.param`` H100s."""
     if (why := _missing()) is not None:
         pytest.skip(why)
-    from boost_jax.tools.gpu_compile import compile_for_gpu, gpu_report
+    from boost_jax.compiled.gpu_report import compile_for_gpu, gpu_report
 
     hosts = int(request.param.split("x")[0])
     kernels = dict(kernels="triton", norm_payload="float32") if _triton() else {}

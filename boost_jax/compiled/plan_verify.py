@@ -10,7 +10,7 @@ already that small is kept), planned on as many devices as the host simulates (a
 (:func:`~boost_jax.analysis.perf_model.predict` with XLA's non-flash attention) is compared
 with the compiled step's peak (arguments + outputs - aliased + temporaries) and the predicted
 communication per mesh axis with the collectives read from the HLO
-(:mod:`boost_jax.tools.comm_report`); a memory error above :data:`TOLERANCE` or any
+(:mod:`boost_jax.compiled.step_report`); a memory error above :data:`TOLERANCE` or any
 communication difference is flagged.
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from boost_jax.analysis.gpu_target import GPU_TARGETS
 from boost_jax.analysis.planner import Layout, Problem, plan
+from boost_jax.compiled.gpu_report import compile_for_gpu, gpu_report
+from boost_jax.compiled.step_report import build_report, compile_step
 from boost_jax.config import Config, Data, Model, Train
 
 #: largest relative memory error accepted (issue 16: "agrees within 15 % on small shapes")
@@ -62,7 +64,6 @@ def compiled_memory(compiled) -> float:
 
 def check_layout(problem: Problem, layout: Layout, devices) -> dict:
     """Compile ``layout`` of (small) ``problem`` on ``devices`` and compare (JSON-able)."""
-    from boost_jax.tools.comm_report import build_report, compile_step
 
     par = layout.parallel
     config = Config(problem.model, par, Train(batch_size=problem.batch,
@@ -124,7 +125,6 @@ def check_layout_on_gpu(problem: Problem, layout: Layout, target: str) -> dict:
     import dataclasses
 
     from boost_jax.analysis import gpu_program, gpu_target
-    from boost_jax.tools.gpu_compile import compile_for_gpu, gpu_report
 
     par = dataclasses.replace(layout.parallel, attention="cudnn")
     config = Config(problem.model, par, Train(batch_size=problem.batch,
@@ -139,7 +139,7 @@ def check_layout_on_gpu(problem: Problem, layout: Layout, target: str) -> dict:
 
 def verify_on_gpu(problem: Problem, top: int, target: str) -> list[dict]:
     """Check the ``top`` best layouts of ``problem`` itself (full shape) compiled by XLA's
-    GPU compiler for ``target`` GPUs, without a GPU (tools/gpu_compile.py)."""
+    GPU compiler for ``target`` GPUs, without a GPU (compiled/gpu_report.py)."""
     m = problem.model
     return [dict(check_layout_on_gpu(problem, lay, target), target=target,
                  model=f"{m.arch} d={m.d_model} x {m.n_layers} layers", gpus=problem.gpus,
