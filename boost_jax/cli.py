@@ -45,12 +45,24 @@ def define_gin_flags() -> None:
                          "stopped answering is terminated")
 
 
-def define_checkpoint_dir_flag() -> None:
-    """``--checkpoint_dir`` of the commands that read a run's checkpoints (eval, export,
-    generate; train/trained.py)."""
-    flags.DEFINE_string("checkpoint_dir", None, "where the run's checkpoints are (its "
-                        "--checkpoint_dir: a directory, s3://... or gs://...; default: "
-                        "<workdir>/checkpoints)")
+#: ``--checkpoint_dir``'s help for the commands that read a run's checkpoints
+READ_CHECKPOINTS = ("where the run's checkpoints are (its --checkpoint_dir: a directory, "
+                    "s3://... or gs://...; default: <workdir>/checkpoints)")
+
+
+def define_checkpoint_dir_flag(help_text: str = READ_CHECKPOINTS) -> None:
+    """``--checkpoint_dir``, one definition for every command: the trainer's (where its
+    checkpoints go) and those that read a run's (eval, export, generate; train/trained.py)."""
+    flags.DEFINE_string("checkpoint_dir", None, help_text)
+
+
+def enable_compilation_cache() -> None:
+    """JAX's persistent compilation cache in ``$JAX_COMPILATION_CACHE_DIR`` (default
+    ``~/.cache/boost_jax/jax_cache``), for every command."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
 
 
 class QuietLibraries(pylogging.Filter):
@@ -95,8 +107,7 @@ def setup_devices(config: Config, simulated: bool = True) -> None:
     if jax.process_index() > 0:  # logs and metrics come from process 0
         logging.set_verbosity(logging.WARNING)
 
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
+    enable_compilation_cache()
     if simulated and jax.default_backend() == "cpu" and config.parallel.num_devices > 1:
         from boost_jax.operations.progress import say
 

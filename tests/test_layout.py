@@ -142,7 +142,7 @@ def folder_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]
 def test_the_folders_depend_one_way():
     """No two of :data:`LAYERS` import each other, ``TYPE_CHECKING`` imports counted
     (``models`` knows no parallelism: ``parallel`` implements the plan interface of
-    ``models/plan.py``)."""
+    ``models/boundaries.py``)."""
     every = import_graph(type_checking=True)
     assert sum(map(len, every.values())) > sum(map(len, import_graph().values()))
     edges = folder_edges(every)

@@ -25,13 +25,12 @@ sampling setting) prints ``boost_jax.generate: error: ...`` on one line and exit
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from absl import flags, logging
 
-from boost_jax.cli import define_checkpoint_dir_flag, run_app, user_error
+from boost_jax.cli import define_checkpoint_dir_flag, enable_compilation_cache, run_app, user_error
 from boost_jax.config import DTYPES, ConfigError
 
 PROG = "boost_jax.generate"
@@ -127,11 +126,8 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         return user_error(PROG, ConfigError(f"unexpected arguments: {' '.join(argv[1:])} "
                                             '(the prompt goes in --prompt="...")'))
-    import jax
-
     logging.set_verbosity(logging.WARNING)  # library INFO lines (orbax reads) would drown the text
-    jax.config.update("jax_compilation_cache_dir", os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "boost_jax" / "jax_cache")))
+    enable_compilation_cache()
     return command(FLAGS.workdir, FLAGS.prompt, step=FLAGS.step,
                    max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
                    top_p=FLAGS.top_p, seed=FLAGS.seed, num_samples=FLAGS.num_samples,

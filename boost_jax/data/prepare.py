@@ -74,7 +74,7 @@ input read and the tokens written. A bundled corpus prepared on first use
 # checks, then the run in .<output>.partial, published when complete; ensure_bundled(); and the
 # command's flags and main() (absl's --help lists the flags of the module run as __main__). The
 # parts: sources.py (the inputs), chunking.py (their numbered chunks), tokenizing.py (the
-# tokenizer, the worker processes), shards.py (shard files, --verify), manifest.py, resume.py
+# tokenizer, the worker processes), shards.py (shard files, --verify), manifest.py, unfinished.py
 # (what an unfinished run left), prepare_checks.py (the checks before writing),
 # prepare_command.py (the command's body: summary, exit codes), cache.py (the cache of bundled
 # corpora) and boost_jax/publish.py (the output checks and the renames into place, shared with
@@ -93,7 +93,7 @@ import numpy as np
 from tqdm import tqdm
 
 from boost_jax import publish
-from boost_jax.data import prepare_command, resume, tokenizing
+from boost_jax.data import prepare_command, tokenizing, unfinished
 from boost_jax.data.cache import default_cache_dir, exclusive
 from boost_jax.data.chunking import Chunks
 from boost_jax.data.corpus import corpus_path
@@ -164,7 +164,7 @@ def prepare(inputs: Sequence[str | Path], output: str | Path, tokenizer: str = "
                             "--eval_pattern")
         check_disjoint(train, held)
     # everything checked: from here on, the run writes
-    if resume.previous_args(work) not in (None, args):
+    if unfinished.previous_args(work) not in (None, args):
         shutil.rmtree(work)  # an unfinished run of other arguments, discarded (overwrite)
     created = not work.exists()
     try:
@@ -181,10 +181,10 @@ def _build(train: Inputs, held: Inputs | None, output: Path, work: Path, args: d
            progress: bool) -> dict:
     """The run itself, in ``work``, published to ``output`` when complete: the train shards
     from ``train``'s files, then the eval shards from ``held``'s (when given)."""
-    shard_dir = resume.open_work_dir(work, args)
+    shard_dir = unfinished.open_work_dir(work, args)
     if (work / "manifest.json").exists():  # killed between the manifest and the rename
         return _publish(work, output)
-    resume.remove_stale(shard_dir)
+    unfinished.remove_stale(shard_dir)
     files, eval_files = train.files, held.files if held else []
     for flag, found, pattern in (("input", train, "pattern"), ("eval_input", held, "eval_pattern")):
         if log and found is not None and args[pattern] is not None:
@@ -195,7 +195,7 @@ def _build(train: Inputs, held: Inputs | None, output: Path, work: Path, args: d
     chunk_bytes, per_shard = int(args["chunk_mb"] * MIB), args["chunks_per_shard"]
     tok = tokenizing.run_tokenizer(args["tokenizer"], files, text_field, work, sample_mb, log)
     dtype = np.dtype(np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32)
-    done = resume.finished_shards(shard_dir, dtype.itemsize)
+    done = unfinished.finished_shards(shard_dir, dtype.itemsize)
     if done and log:
         log(f"resuming: {len(done)} finished shards kept")
     # the progress bar counts input bytes: chunk i spans input bytes todo.positions[i]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from boost_jax import publish
 from boost_jax.data.manifest import describe, is_dataset
-from boost_jax.data.resume import changed_args, previous_args
 from boost_jax.data.sources import Inputs, PrepareError, list_inputs, read_documents
+from boost_jax.data.unfinished import changed_args, previous_args
 
 DEFAULT_EVAL_FRACTION = 0.02
 

@@ -2,7 +2,7 @@
 
 A shard ``k`` is ``shards/<k>.bin`` (its tokens), ``shards/<k>.docs.npy`` (int64 document
 offsets, ``[documents + 1]``) and, written last, ``shards/<k>.json``: its record (sizes, split
-and CRC-32 checksums), the mark that it is finished (data/resume.py).
+and CRC-32 checksums), the mark that it is finished (data/unfinished.py).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from boost_jax.config import Model
+from boost_jax.models.boundaries import Plan
 from boost_jax.models.decode import bucket
 from boost_jax.models.decoder import bind
-from boost_jax.models.plan import Plan
 
 MIN_BUCKET = 16
 

@@ -19,8 +19,8 @@ from flax import nnx
 
 from boost_jax.config import Model
 from boost_jax.models.attention import Segments, cached_attention, causal_attention
+from boost_jax.models.boundaries import Plan
 from boost_jax.models.init import Init, ParamDef, param, param_defs
-from boost_jax.models.plan import Plan
 from boost_jax.models.projections import Fanout, Single
 from boost_jax.models.remat import ATTENTION, RESIDUAL, checkpointed, tag
 

@@ -33,9 +33,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.kernels.reference import activate
+from boost_jax.models.boundaries import Plan
 from boost_jax.models.init import Init, param
 from boost_jax.models.norms import layer_norm
-from boost_jax.models.plan import Plan
 
 LAX_NORM_EPS = 1e-6
 

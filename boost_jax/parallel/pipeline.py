@@ -61,8 +61,8 @@ from jax import lax
 
 from boost_jax.compat import varying_axes
 from boost_jax.models.attention import Segments
+from boost_jax.models.boundaries import Plan
 from boost_jax.models.decoder import Decoder
-from boost_jax.models.plan import Plan
 from boost_jax.parallel.plans.base import PIPE
 
 #: the name scope of the pipeline's first iteration when it runs before the loop (its layer

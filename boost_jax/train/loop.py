@@ -18,7 +18,7 @@ however many of them received it and when. A second signal ends the process at o
 a checkpoint (operations/signals.py).
 
 Operating a run: each step's report and the pauses feed the goodput account
-(train/report.py, operations/goodput.py) and the hang watchdog (operations/watchdog.py), which
+(train/reporter.py, operations/goodput.py) and the hang watchdog (operations/watchdog.py), which
 watches
 the training loop only; ``Train.profile_steps`` steps are traced (operations/profiling.py). With
 the checkpoints on an object store, the run's small files (config, metrics) are copied beside
@@ -60,8 +60,8 @@ from boost_jax.parallel.runner import ShardedModel
 from boost_jax.train import data_state
 from boost_jax.train.eval_loss import evaluate, make_eval_step
 from boost_jax.train.metrics import MetricsWriter
-from boost_jax.train.report import Diverged
-from boost_jax.train.report import Reporter as _Reporter
+from boost_jax.train.reporter import Diverged
+from boost_jax.train.reporter import Reporter as _Reporter
 from boost_jax.train.resume import check_data, check_resume
 from boost_jax.train.samples import Sampler, check_sample_size, host_params
 from boost_jax.train.step import (

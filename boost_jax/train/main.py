@@ -34,9 +34,9 @@ from boost_jax.cli import define_gin_flags, run_command
 FLAGS = flags.FLAGS
 define_gin_flags()
 flags.DEFINE_string("workdir", "runs/default", "checkpoints, metrics and logs go here")
-flags.DEFINE_string("checkpoint_dir", None, "where checkpoints go (default: "
-                    "<workdir>/checkpoints): a local directory, or s3://bucket/prefix or "
-                    "gs://bucket/prefix (pip install 'boost_jax[s3]' or '[gcs]')")
+cli.define_checkpoint_dir_flag("where checkpoints go (default: <workdir>/checkpoints): a "
+                              "local directory, or s3://bucket/prefix or gs://bucket/prefix "
+                              "(pip install 'boost_jax[s3]' or '[gcs]')")
 flags.DEFINE_bool("print_config", False, "print every gin-configurable field (binding, type, "
                   "default, what a resume may do with it, meaning) and exit")
 flags.DEFINE_bool("fresh_start", False, "train from step 0 when every checkpoint of --workdir "

@@ -202,7 +202,7 @@ def test_bf16_train_step_per_plan(arch, plan, data, tensor):
 
 def test_the_heads_gemms_take_the_compute_dtype():
     """The LM head's three GEMMs in the bf16 step (the logits, and the backward's ``dx`` and
-    ``dhead``) multiply bf16 operands (``models/plan.py`` ``head_logits``). JAX's own
+    ``dhead``) multiply bf16 operands (``models/boundaries.py`` ``head_logits``). JAX's own
     transpose of the fp32-output dot multiplies the fp32 cotangent by weights converted to
     fp32: on an H200 (2026-11-28) those were the step's two largest GEMMs, run as TF32."""
     model = _model(Parallel(data=8, tensor=1))

@@ -6,9 +6,9 @@ import pytest
 
 from boost_jax.analysis.flops import forward_flops_per_token, peak_flops, train_flops_per_token
 from boost_jax.config import Model
+from boost_jax.models.boundaries import Plan
 from boost_jax.models.decoder import abstract_model, bind
 from boost_jax.models.init import init_params
-from boost_jax.models.plan import Plan
 
 
 def test_hand_count_tiny_cola():

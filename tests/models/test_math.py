@@ -134,8 +134,8 @@ def test_decoder_matches_numpy(arch, extra):
 
 @JAX_SENSITIVE
 def test_grouping_off_is_the_same_function():
+    from boost_jax.models.boundaries import Plan
     from boost_jax.models.decoder import bind
-    from boost_jax.models.plan import Plan
 
     cfg = tiny("lax", lax_gate="dense")
     params = init_params(abstract_model(cfg)[1], seed=0)

@@ -9,9 +9,9 @@ import pytest
 from flax import nnx
 
 from boost_jax.config import ConfigError, Model
+from boost_jax.models.boundaries import Plan
 from boost_jax.models.decoder import abstract_model, bind
 from boost_jax.models.init import flatten, init_params
-from boost_jax.models.plan import Plan
 from boost_jax.models.projections import Crossing, latent_act
 from boost_jax.testing import rel_err, tiny
 

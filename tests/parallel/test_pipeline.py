@@ -120,7 +120,7 @@ def test_stages_share_the_embedding_and_the_head():
     assert rep["check"] == []
     tokens, stages = 8 // 2 * 16, 2
     chunk, vocab, d_local = tokens // stages, m.vocab_size // 2, m.d_model // 2
-    # models/plan.py head_logits: the forward einsum and its custom VJP's two
+    # models/boundaries.py head_logits: the forward einsum and its custom VJP's two
     specs = ("bsd,dv->bsv", "bsv,dv->bsd", "bsd,bsv->dv")
     head = [x for x in hlo.dots(_compiled("cola", **options)[2].as_text())
             if any(spec in x.op_name for spec in specs)]

@@ -188,7 +188,7 @@ def test_lowrank_memory_on_a_7b_shaped_model():
     layer, the newer compiler's figures are what the policy keeps
     (:func:`test_lowrank_keeps_the_chunk_boundaries_only`) plus the layer's gradients:
     ``lowrank`` 0.22 of ``none`` (0.23 on 0.10.2). Re-measured after the head's backward GEMMs
-    took the compute dtype (models/plan.py ``head_logits``, 2026-11-28): it moved these
+    took the compute dtype (models/boundaries.py ``head_logits``, 2026-11-28): it moved these
     buffer assignments by up to 43 MiB."""
     temp = {(remat, layers): _temp_memory(remat, layers)
             for remat in ("none", "full", "lowrank") for layers in (2, 4)}

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from boost_jax.errors import ConfigError
 from boost_jax.kernels import compute_capability
 from boost_jax.kernels import resolve as resolve_kernels
-from boost_jax.models.plan import Plan
+from boost_jax.models.boundaries import Plan
 from boost_jax.parallel.plans.btp import BTPPlan
 from boost_jax.parallel.plans.fullrank import FullRankPlan
 from boost_jax.parallel.plans.vanilla import VanillaPlan

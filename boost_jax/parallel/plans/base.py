@@ -1,6 +1,6 @@
 """What every mesh-aware plan shares: the mesh axes, Megatron's *f* and *g*, and the
 vocab-parallel boundary of the tensor-parallel plans, over the plan interface of
-:mod:`boost_jax.models.plan` (which also holds ``none``, the single-device plan).
+:mod:`boost_jax.models.boundaries` (which also holds ``none``, the single-device plan).
 
 Collectives are plain ``psum``/``psum_scatter``/``all_gather`` plus explicit ``pcast``
 (Megatron's *f*: a replicated activation entering sharded weights); their backward collectives
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 import jax
 from jax import lax
 
-from boost_jax.models.plan import Plan
+from boost_jax.models.boundaries import Plan
 from boost_jax.parallel.vocab import vocab_cross_entropy, vocab_embed
 
 if TYPE_CHECKING:

@@ -40,8 +40,8 @@ from jax import lax
 
 from boost_jax.compat import all_gather_invariant
 from boost_jax.kernels.reference import activate
+from boost_jax.models.boundaries import Crossing
 from boost_jax.models.norms import rms_norm
-from boost_jax.models.plan import Crossing
 from boost_jax.models.remat import LATENT, REDUCED, tag
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 
