@@ -15,7 +15,8 @@ its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process r
 summed flags in the metrics of the same step ``n``, leaves the loop after step ``n + 1`` (at
 most two steps after the signal), saves the same checkpoint and exits with the signal's code,
 however many of them received it and when. A second signal ends the process at once, without
-a checkpoint (operations/signals.py).
+a checkpoint (operations/signals.py). The handlers are the entry point's (train/main.py passes
+its :class:`StopRequest`); called from Python, :func:`run` installs none.
 
 Operating a run: each step's report and the pauses feed the goodput account
 (train/reporter.py, operations/goodput.py) and the hang watchdog (operations/watchdog.py), which
@@ -333,7 +334,8 @@ def _nothing_to_do(r: _Run, step: int) -> Summary:
 
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
         checkpoint_async: bool = True, fresh_start: bool = False,
-        checkpoint_dir: str | None = None, allow_data_change: bool = False) -> Summary:
+        checkpoint_dir: str | None = None, allow_data_change: bool = False,
+        stop: StopRequest | None = None) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
 
     ``checkpoint_dir``: where the checkpoints go (default ``<workdir>/checkpoints``): a local
@@ -342,14 +344,14 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
 
     ``fresh_start``: initialise from the seed when the workdir's checkpoints are all damaged
     (else that is a :class:`ConfigError`). ``allow_data_change``: resume on a dataset other
-    than the checkpoint's (train/resume.py :func:`check_data`). Raises
-    :class:`CheckpointWriteError` when a save fails."""
+    than the checkpoint's (train/resume.py :func:`check_data`). ``stop``: the entered
+    :class:`StopRequest` of the entry point that installed the signal handlers
+    (``python -m boost_jax.train``); None: no signal stops the run, and none is handled here.
+    Raises :class:`CheckpointWriteError` when a save fails."""
     t_start, workdir = time.perf_counter(), workdir_checked(workdir)
-    # one run per workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py);
-    # signals: until the last checkpoint is written (operations/signals.py)
-    with (workdir_lock.held(workdir),
-          lease.held(checkpoint_dir or workdir / "checkpoints"),
-          StopRequest() as stop):
+    stop = stop or StopRequest()  # not entered: its signal never comes
+    # one run per workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py)
+    with workdir_lock.held(workdir), lease.held(checkpoint_dir or workdir / "checkpoints"):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
                  allow_data_change)
         # the prefetch thread ends and the run is closed, whatever happens

@@ -54,12 +54,14 @@ EXIT_STORAGE = 1  # a checkpoint or run file could not be written (disk full, ..
 def _train(config) -> int:
     from boost_jax.checkpointing.checkpointer import CheckpointReadError, CheckpointWriteError
     from boost_jax.operations.disk_errors import WriteError
+    from boost_jax.operations.signals import StopRequest
     from boost_jax.train.loop import run
 
-    try:
-        summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start,
-                      checkpoint_dir=FLAGS.checkpoint_dir,
-                      allow_data_change=FLAGS.allow_data_change)
+    try:  # SIGTERM / SIGINT: an agreed stop with a checkpoint (operations/signals.py)
+        with StopRequest() as stop:
+            summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start,
+                          checkpoint_dir=FLAGS.checkpoint_dir,
+                          allow_data_change=FLAGS.allow_data_change, stop=stop)
     except (CheckpointWriteError, CheckpointReadError, WriteError) as err:
         print(f"boost_jax.train: error: {err}", file=sys.stderr)
         return EXIT_STORAGE

@@ -369,3 +369,23 @@ def test_a_run_that_fails_is_closed(tiny_data, tmp_path, monkeypatch):
     assert closed == [tmp_path / "run" / "metrics.jsonl"]
     assert not [d for d in integrity._CLAIMED if str(tmp_path) in str(d)]
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_run_called_from_python_installs_no_signal_handler(tiny_data, tmp_path, monkeypatch):
+    """Process-wide effects belong to the entry point: ``run`` called from Python leaves
+    SIGTERM's and SIGINT's handlers as they are while it trains (``python -m
+    boost_jax.train`` installs its own around the run: tests/train/test_cli.py)."""
+    import signal
+
+    from boost_jax.train import loop
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    during, compile_ = [], loop._Run.compile
+
+    def recording(self, start):
+        during.append({s: signal.getsignal(s) for s in before})
+        return compile_(self, start)
+
+    monkeypatch.setattr(loop._Run, "compile", recording)
+    run(_config(tiny_data, 1), tmp_path / "run", jax.devices()[:1])
+    assert during == [before]
