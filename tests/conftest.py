@@ -72,17 +72,17 @@ REPO = Path(__file__).resolve().parents[1]
 #: the end. An outdated entry costs only time.
 LONGEST = (
     "tests/parallel/test_multiprocess.py",       # 178 / -
-    "tests/checkpointing/test_object_store.py",          # 148 / -
+    "tests/checkpointing/test_object_store.py",  # 148 / -
     "tests/train/test_trainer.py",               # 135 / -
-    "tests/compiled/test_gpu_report_layouts.py",   # skipped / 109
+    "tests/compiled/test_gpu_report_layouts.py", # skipped / 109
     "tests/compiled/test_plan_verify_gpu.py",    # skipped / 62
     "tests/parallel/test_zero.py",               # 105 / 57
     "tests/parallel/test_remat.py",              # 103 / 101
-    "tests/compiled/test_gpu_report.py",           # skipped / 99
+    "tests/compiled/test_gpu_report.py",         # skipped / 99
     "tests/parallel/test_plans.py",              # 95 / 75
     "tests/train/test_parallel_runs.py",         # 93 / -
     "tests/parallel/test_communication.py",      # 89 / -
-    "tests/checkpointing/test_checkpointer.py",            # 83 / -
+    "tests/checkpointing/test_checkpointer.py",  # 83 / -
     "tests/train/test_cli.py",                   # 79 / -
     "tests/parallel/test_pipeline.py",           # 78 / -
     "tests/train/test_step.py",                  # 71 / 28
@@ -91,7 +91,7 @@ LONGEST = (
     "tests/train/test_elastic.py",               # 45 / -
     "tests/parallel/test_zero_dtypes.py",        # 25 / 42
     "tests/test_gpu_settings.py",                # 41 / -
-    "tests/checkpointing/test_object_store_runs.py",     # 40 / -
+    "tests/checkpointing/test_object_store_runs.py",# 40 / -
     "tests/bench/test_bench.py",                 # 37 / -
     "tests/parallel/test_packing.py",            # 36 / -
     "tests/models/test_math.py",                 # 32 / 33
