@@ -2,7 +2,7 @@
 renamed into place, so no reader ever finds it half-written.
 
 Shared by ``python -m boost_jax.data.prepare`` (data/prepare.py) and the model export
-(interop/export.py); each names what it owns (a prepared dataset, an exported model) with a
+(interop/formats.py); each names what it owns (a prepared dataset, an exported model) with a
 ``holds_ours`` predicate and phrases its own errors from a :class:`Refusal`.
 """
 

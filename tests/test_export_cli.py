@@ -11,7 +11,7 @@ from boost_jax.checkpointing.checkpointer import Checkpointer
 from boost_jax.commands.export import command
 from boost_jax.config import Config, Data, Train
 from boost_jax.data import tokenizer as tokenizers
-from boost_jax.interop.export import export_model, load_export
+from boost_jax.interop.formats import export_model, load_export
 from boost_jax.testing import SINGLE, rel_err, tiny
 from tests.interop.test_export import TOKENS, assert_params_equal, logits, random_params
 

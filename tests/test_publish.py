@@ -1,4 +1,4 @@
-"""boost_jax/publish.py, the atomic publish shared by data/prepare.py and interop/export.py:
+"""boost_jax/publish.py, the atomic publish shared by data/prepare.py and interop/formats.py:
 what an output is refused for, and the renames into place."""
 
 import os

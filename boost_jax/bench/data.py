@@ -43,7 +43,7 @@ DEFAULTS = ["Model.size='60m'", "Parallel.data=8", "Parallel.tensor=1", "Paralle
 
 def loader_rate(config: Config, packing: str, workers: int, batches: int) -> dict:
     """Read ``batches`` global batches of the training stream; its rate."""
-    from boost_jax.data.pipeline import open_dataset, train_iterator
+    from boost_jax.data.loader import open_dataset, train_iterator
 
     t = config.train
     data = dataclasses.replace(config.data, packing=packing, worker_count=workers)

@@ -12,7 +12,7 @@ directory, ``s3://bucket/prefix`` or ``gs://bucket/prefix``; default:
 ``--format`` (default ``auto``, which picks by ``Model.arch``): ``hf`` for dense and svd
 (``LlamaForCausalLM``; svd multiplied out, or factored with ``--keep_factors``), ``cola`` for
 cola (the CoLA repository's layout), ``lax`` for lax (factors, crossing gates, latent norm).
-boost_jax/interop/export.py documents every layout. The directory also holds the run's
+boost_jax/interop/formats.py documents every layout. The directory also holds the run's
 tokenizer (``AutoTokenizer.from_pretrained`` loads it) unless ``--tokenizer`` names another
 (a ``tokenizer.json``, a SentencePiece ``.model`` or a prepared data directory) or ``none``.
 
@@ -41,7 +41,7 @@ RUN_TOKENIZER, NO_TOKENIZER = "run", "none"
 
 def define_flags() -> None:
     """The command's flags."""
-    from boost_jax.interop.export import FORMATS
+    from boost_jax.interop.formats import FORMATS
 
     flags.DEFINE_string("workdir", None, "the training run's --workdir")
     define_checkpoint_dir_flag()
@@ -85,9 +85,9 @@ def export(workdir: str | None, out: str | None, step: int | None = None, fmt: s
            tokenizer: str = RUN_TOKENIZER, checkpoint_dir: str | None = None):
     """Export checkpoint ``step`` of ``checkpoint_dir`` (default ``<workdir>/checkpoints``)
     to ``out``; returns the
-    :class:`~boost_jax.interop.export.Exported` and the checkpoint's step. Raises
+    :class:`~boost_jax.interop.formats.Exported` and the checkpoint's step. Raises
     ConfigError (one line) on a user mistake, before writing anything."""
-    from boost_jax.interop.export import check_output, export_model, resolve_layout
+    from boost_jax.interop.formats import check_output, export_model, resolve_layout
     from boost_jax.train.trained import load_trained
 
     if not workdir and not checkpoint_dir:
@@ -119,8 +119,8 @@ def command(workdir: str | None, out: str | None, step: int | None = None, fmt: 
     except ConfigError as err:
         return user_error(PROG, err)
     loads = {"llama": "transformers.LlamaForCausalLM", "cola": "the CoLA repository's "
-             "ColaForCausalLM", "svd_factored": "boost_jax.interop.export.load_export",
-             "lax": "boost_jax.interop.export.load_export"}[result.layout]
+             "ColaForCausalLM", "svd_factored": "boost_jax.interop.formats.load_export",
+             "lax": "boost_jax.interop.formats.load_export"}[result.layout]
     tok = f"{result.tokenizer} tokenizer" if result.tokenizer else "no tokenizer"
     print(f"wrote {result.path}: step {step} of {workdir or checkpoint_dir} as {result.layout} "
           f"({result.tensors} tensors, {result.nbytes / 2**20:.1f} MiB, {tok}); "

@@ -12,7 +12,7 @@ from boost_jax.config_fields import check as _check
 from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
 
-#: ``Data.packing``: data/pipeline.py, data/packing.py
+#: ``Data.packing``: data/loader.py, data/packing.py
 PACKINGS = ("concat", "document", "pad")
 
 

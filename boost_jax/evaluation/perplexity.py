@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.config import Config, ConfigError, Parallel
-from boost_jax.data.pipeline import Dataset, iter_eval_batches, open_dataset_on_all
+from boost_jax.data.loader import Dataset, iter_eval_batches, open_dataset_on_all
 from boost_jax.data.prepare import eval_split_label
 from boost_jax.operations.progress import say
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh

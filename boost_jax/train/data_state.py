@@ -1,6 +1,6 @@
 """Where every process's training stream stands, saved in a checkpoint and handed back on resume.
 
-A process reads only its rows ``[start, stop)`` of each global batch (data/pipeline.py), so
+A process reads only its rows ``[start, stop)`` of each global batch (data/loader.py), so
 its grain iterator's state is its own: with ``Data.packing='document'`` each process packs
 the groups that hold its rows, and two processes' states differ. A checkpoint therefore holds
 every process's state, keyed by process index and rows (``meta["data_state"]``)::

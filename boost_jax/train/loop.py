@@ -5,7 +5,7 @@ restore the newest intact checkpoint (or initialise from the seed) -> compile th
 of time -> train -> final checkpoint, eval and (``Train.sample_every``) greedy samples. Metrics
 of step ``n`` are read back after step ``n + 1`` has been dispatched, so the host never stalls
 the device, and the next ``Data.device_prefetch`` batches are put on the devices by a
-background thread while a step runs (data/pipeline.py); step time excludes eval, sample and
+background thread while a step runs (data/loader.py); step time excludes eval, sample and
 checkpoint time. A step whose loss or gradient norm is not finite is never applied (inside the
 jitted step); ``Train.nonfinite`` then stops the run without a final checkpoint or skips the
 step (at most ``Train.max_skips`` in a row).
@@ -44,7 +44,7 @@ from boost_jax.checkpointing import lease, record
 from boost_jax.checkpointing.checkpointer import Checkpointer
 from boost_jax.checkpointing.run_files import RunFiles
 from boost_jax.config import Config, ConfigError
-from boost_jax.data.pipeline import eval_batches, open_dataset_on_all, train_iterator
+from boost_jax.data.loader import eval_batches, open_dataset_on_all, train_iterator
 from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
 from boost_jax.operations import workdir_lock

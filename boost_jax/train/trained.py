@@ -58,7 +58,7 @@ class Trained:
 
     def tokenizer(self) -> tokenizers.Tokenizer:
         """The tokenizer of the run's dataset (prepared on first use for a bundled corpus)."""
-        from boost_jax.data.pipeline import open_dataset
+        from boost_jax.data.loader import open_dataset
 
         return tokenizers.load(open_dataset(self.config.data).path)
 

@@ -23,7 +23,7 @@ from boost_jax.checkpointing.run_files import RunFiles
 from boost_jax.commands import export as export_cli
 from boost_jax.commands import generate as generate_cli
 from boost_jax.errors import ConfigError
-from boost_jax.interop.export import load_export
+from boost_jax.interop.formats import load_export
 from boost_jax.operations.goodput import read_history
 from boost_jax.testing import tiny
 from boost_jax.train.loop import run

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from boost_jax.config import ConfigError, Data
+from boost_jax.data.loader import _regions, eval_batches, open_dataset, train_iterator
 from boost_jax.data.packing import DocumentPieces
-from boost_jax.data.pipeline import _regions, eval_batches, open_dataset, train_iterator
 
 SEQ = 32
 

@@ -73,7 +73,7 @@ def test_sharded_prepare_and_workers_give_the_same_dataset(tmp_path):
     """A corpus in several shards; 2 worker processes write exactly what 1 process does; the
     loader's windows never span two shards; the eval split is each shard's tail."""
     from boost_jax.config import Data
-    from boost_jax.data.pipeline import open_dataset
+    from boost_jax.data.loader import open_dataset
 
     src = write_corpus(tmp_path / "src", 2.5)
     a = prepare([src], tmp_path / "a", workers=0, **SMALL_SHARDS)
@@ -144,8 +144,8 @@ def test_a_validation_input_is_the_eval_split_whole(c4_like, tmp_path):
     shards, all train; the validation file's documents make the eval shards, whole, each once,
     and appear in no train shard. Both readers (concat windows' regions and document packing)
     give exactly these documents per split."""
+    from boost_jax.data.loader import _regions
     from boost_jax.data.packing import DocumentPieces
-    from boost_jax.data.pipeline import _regions
 
     out = tmp_path / "out"
     meta = _c4(c4_like, out)
@@ -508,7 +508,7 @@ def test_a_tokenizer_that_appends_its_end_of_sequence_token(tmp_path):
     assert written == sorted(tuple(tok.encode(d).ids) for d in docs)
     assert meta["max_id"] == tokens.max() == 11
     from boost_jax.config import Data
-    from boost_jax.data.pipeline import open_dataset
+    from boost_jax.data.loader import open_dataset
 
     assert open_dataset(Data(path=str(tmp_path / "out"))).ids_used == 12  # of 14
     no_eos = tmp_path / "plain.json"

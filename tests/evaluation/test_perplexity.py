@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from boost_jax.config import ConfigError, Parallel
-from boost_jax.data.pipeline import eval_batches, iter_eval_batches, open_dataset
+from boost_jax.data.loader import eval_batches, iter_eval_batches, open_dataset
 from boost_jax.evaluation.perplexity import (
     ONE_DEVICE,
     eval_config,

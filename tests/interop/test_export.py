@@ -1,4 +1,4 @@
-"""Export layouts (interop/export.py, layouts.py, cola.py): exact round trips, logit parity
+"""Export layouts (interop/formats.py, layouts.py, cola.py): exact round trips, logit parity
 with transformers' LlamaForCausalLM and with a torch model in the CoLA repository's layout."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from boost_jax.config import ConfigError
 from boost_jax.interop.cola import cola_state_dict, import_cola
-from boost_jax.interop.export import export_model, load_export, resolve_layout
+from boost_jax.interop.formats import export_model, load_export, resolve_layout
 from boost_jax.interop.layouts import load_safetensors, save_safetensors
 from boost_jax.models.decoder import abstract_model, reference_logits
 from boost_jax.models.init import flatten, unflatten

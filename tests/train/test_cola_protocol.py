@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from boost_jax.config import Config, Data, Parallel, Train
+from boost_jax.data.loader import iter_eval_batches, open_dataset
 from boost_jax.data.packing import DocumentRows
-from boost_jax.data.pipeline import iter_eval_batches, open_dataset
 from boost_jax.data.prepare import prepare
 from boost_jax.interop.cola import cola_state_dict, import_cola
 from boost_jax.testing import rel_err

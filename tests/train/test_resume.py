@@ -11,7 +11,7 @@ import pytest
 
 from boost_jax.config import Config, Data, Model, Parallel, Train
 from boost_jax.config_fields import FREE, MATCH, NOTE, RESUME_KINDS, config_field
-from boost_jax.data.pipeline import open_dataset, train_iterator
+from boost_jax.data.loader import open_dataset, train_iterator
 from boost_jax.testing import SINGLE, tiny
 from boost_jax.train import data_state
 from boost_jax.train.resume import ResumeMismatch, changes, check_resume

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from boost_jax.config import ConfigError, Data
-from boost_jax.data.pipeline import _regions, eval_batches, open_dataset, train_iterator
+from boost_jax.data.loader import _regions, eval_batches, open_dataset, train_iterator
 
 
 def _take(it, n):
@@ -163,7 +163,7 @@ def test_processes_preparing_one_corpus_take_turns(tmp_path):
     import sys
 
     code = ("import sys; from boost_jax.config import Data; "
-            "from boost_jax.data.pipeline import open_dataset; "
+            "from boost_jax.data.loader import open_dataset; "
             "ds = open_dataset(Data(path='bundled:shakespeare', tokenizer='bpe:512', "
             f"cache_dir={str(tmp_path)!r})); print(ds.path, ds.meta['train_tokens'])")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
