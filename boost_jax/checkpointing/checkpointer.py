@@ -140,7 +140,7 @@ class Checkpointer:
         self.keep, self.asynchronous = keep, asynchronous
         self.quarantined: list[epath.Path] = []  # moved aside by this process's restore
         self._saved: list[int] = []  # saved by this checkpointer, their sizes not yet recorded
-        self._bytes = 0
+        self._bytes, self._abandoned = 0, False
         self._checksums = ChunkChecksums(self.directory)  # the arrays written under it
         if jax.process_index() == 0:
             self._remove_temporaries()
@@ -229,6 +229,7 @@ class Checkpointer:
 
     def _abandon(self, err: Exception) -> Exception:
         """After a failed save: close the manager quietly; the error to raise."""
+        self._abandoned = True
         with _pending_reads_dropped():
             try:
                 self.mngr.close()
@@ -252,9 +253,12 @@ class Checkpointer:
         self._record_sizes()
 
     def close(self) -> None:
+        """Wait for the saves in flight and close (after a failed save, already reported:
+        only give the directory up, so that closing never replaces that error)."""
         try:
-            self.wait()  # on a failed write, closes the manager and raises
-            self.mngr.close()
+            if not self._abandoned:
+                self.wait()  # on a failed write, closes the manager and raises
+                self.mngr.close()
         finally:
             self._checksums.release()
 

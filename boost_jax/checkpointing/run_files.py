@@ -33,6 +33,7 @@ from absl import logging
 from etils import epath
 
 from boost_jax.checkpointing import storage
+from boost_jax.operations.disk_errors import writing
 from boost_jax.operations.goodput import read_history
 
 RUN_DIR = "run"  #: the folder, in the checkpoint directory, that holds the copies
@@ -75,8 +76,9 @@ class RunFiles:
         if self.remote is None:
             return []
         for delay in (*FETCH_DELAYS_S, None):
-            try:
-                return self._fetch()
+            try:  # only the bucket's reads are retried: a local error is the run's own
+                copies = self._read_remote()
+                break
             except Exception as err:  # fsspec and the stores' clients raise many types
                 if delay is not None:
                     time.sleep(delay)
@@ -85,27 +87,42 @@ class RunFiles:
                                 f"({_one_line(err)}; {len(FETCH_DELAYS_S) + 1} tries): they "
                                 "are left as they are and not updated by this run (its "
                                 "checkpoints are saved as usual)")
-        logging.warning("%s", self.problem)
-        self._unread, self.remote = self.remote, None
-        return []
+                logging.warning("%s", self.problem)
+                self._unread, self.remote = self.remote, None
+                return []
+        return self._apply(copies)
 
-    def _fetch(self) -> list[str]:
-        fetched = []
-        local, remote = self.workdir / METRICS, self.remote / METRICS
-        if remote.exists():
-            theirs = self.workdir / f".{METRICS}.fetched"
-            theirs.write_bytes(remote.read_bytes())
-            if not local.exists():
-                theirs.replace(local)
-                fetched.append(METRICS)
-            elif (step := _last_step(local)) < _last_step(theirs):
-                local.replace(local.with_name(f"metrics.stale-{step}.jsonl"))
-                theirs.replace(local)
-                fetched.append(METRICS)
-            else:
-                theirs.unlink()
+    def _read_remote(self) -> dict[str, bytes]:
+        """The bucket's ``metrics.jsonl``, and its ``wandb_run_id`` when the workdir lacks
+        one, as bytes (the names it holds)."""
+        copies = {}
+        if (self.remote / METRICS).exists():
+            copies[METRICS] = (self.remote / METRICS).read_bytes()
         if not (self.workdir / RUN_ID_FILE).exists() and (self.remote / RUN_ID_FILE).exists():
-            (self.workdir / RUN_ID_FILE).write_bytes((self.remote / RUN_ID_FILE).read_bytes())
+            copies[RUN_ID_FILE] = (self.remote / RUN_ID_FILE).read_bytes()
+        return copies
+
+    def _apply(self, copies: dict[str, bytes]) -> list[str]:
+        """The bucket's ``copies`` into the workdir where they are newer (a local write that
+        fails is a :class:`~boost_jax.operations.disk_errors.WriteError`, one line)."""
+        fetched = []
+        local = self.workdir / METRICS
+        if METRICS in copies:
+            theirs = self.workdir / f".{METRICS}.fetched"
+            with writing(theirs):
+                theirs.write_bytes(copies[METRICS])
+                if not local.exists():
+                    theirs.replace(local)
+                    fetched.append(METRICS)
+                elif (step := _last_step(local)) < _last_step(theirs):
+                    local.replace(local.with_name(f"metrics.stale-{step}.jsonl"))
+                    theirs.replace(local)
+                    fetched.append(METRICS)
+                else:
+                    theirs.unlink()
+        if RUN_ID_FILE in copies:
+            with writing(self.workdir / RUN_ID_FILE):
+                (self.workdir / RUN_ID_FILE).write_bytes(copies[RUN_ID_FILE])
             fetched.append(RUN_ID_FILE)
         if fetched:
             logging.info("the run's %s copied from %s to %s", " and ".join(fetched),

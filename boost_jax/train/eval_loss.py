@@ -80,32 +80,58 @@ class EvalTotals:
             float("nan")
 
 
+class _Groups:
+    """The evaluated rows, in order, cut into the papers' batches of ``size`` rows (a group
+    may span two eval batches: the trainer evaluates its batches in micro-batch parts), with
+    their stopping rule (:func:`evaluate`)."""
+
+    def __init__(self, stop_tokens: int | None, counted_per_row: int):
+        self.stop, self.per_row = stop_tokens, counted_per_row
+        self.rows: list[tuple[float, int, int]] = []  # (loss sum, tokens, batch) not grouped
+        self.loss_sum = self.mean_sum = 0.0
+        self.tokens = self.seen = self.groups = 0
+        self.used: set[int] = set()  # the batches with a row in a group
+        self.done = False
+
+    def add(self, losses: np.ndarray, counts: np.ndarray, batch: int, size: int) -> None:
+        self.rows += [(float(x), int(c), batch) for x, c in zip(losses, counts)]
+        while not self.done and len(self.rows) >= size:
+            self.take(size)
+
+    def take(self, size: int) -> None:
+        """The next group of ``size`` rows -- unless the papers' evaluation has stopped:
+        more than ``stop`` tokens seen before it (their test, before each batch)."""
+        if self.stop is not None and self.seen > self.stop:
+            self.done = True
+            return
+        group, self.rows = self.rows[:size], self.rows[size:]
+        part, count = sum(r[0] for r in group), sum(r[1] for r in group)
+        self.loss_sum, self.tokens, self.groups = self.loss_sum + part, self.tokens + count, \
+            self.groups + 1
+        self.mean_sum += part / count if count else float("nan")
+        self.seen += count + self.per_row * len(group)
+        self.used.update(r[2] for r in group)
+
+
 def evaluate(eval_step, params, batches: Iterable[dict],
              on_batch: Callable[[int], None] | None = None, group_rows: int | None = None,
              stop_tokens: int | None = None, counted_per_row: int = 0) -> EvalTotals:
-    """``eval_step`` (:func:`make_eval_step`) over global ``batches``: the token-weighted
-    sums and, cut into groups of ``group_rows`` rows (default: each batch whole), each
-    group's mean for the papers' definition (:attr:`EvalTotals.cola_loss`). ``stop_tokens``:
-    the papers' stop -- no further group once more than this many tokens were seen, each row
-    counting its targets plus ``counted_per_row`` (1 for padded rows, whose last token the
-    papers count though it has no target); the groups read past it are dropped from both
-    definitions. ``on_batch(n)`` after the n-th batch."""
-    loss_sum = mean_sum = 0.0
-    tokens = seen = n = groups = 0
-    pending, done = None, False
+    """``eval_step`` (:func:`make_eval_step`) over global ``batches``, one in flight while the
+    previous one is read: the token-weighted sums and, the rows cut in order into groups of
+    ``group_rows`` (default: each batch whole; a group may span batches), each group's mean
+    for the papers' definition (:attr:`EvalTotals.cola_loss`; a last shorter group counts,
+    as their loader's last batch does). ``stop_tokens``: the papers' stop -- no further group
+    once more than this many tokens were seen, each row counting its targets plus
+    ``counted_per_row`` (1 for padded rows, whose last token the papers count though it has
+    no target); the rows past it are dropped from both definitions, and ``batches`` counts
+    the batches with a row evaluated. ``on_batch(n)`` after the n-th batch read."""
+    groups = _Groups(stop_tokens, counted_per_row)
+    pending, n = None, 0
 
     def read() -> None:
-        nonlocal loss_sum, mean_sum, tokens, seen, n, groups, done
-        losses, counts = (np.asarray(x, np.float64) for x in jax.device_get(pending))
-        size = group_rows or len(losses)
-        for lo in range(0, len(losses), size):
-            if stop_tokens is not None and seen > stop_tokens:
-                done = True
-                break
-            part, count = losses[lo:lo + size].sum(), counts[lo:lo + size].sum()
-            loss_sum, tokens, groups = loss_sum + part, tokens + int(count), groups + 1
-            mean_sum += part / count if count else float("nan")
-            seen += int(count) + counted_per_row * len(losses[lo:lo + size])
+        nonlocal n
+        losses, counts = (np.asarray(x) for x in jax.device_get(pending))
+        groups.add(losses, counts, n, group_rows or len(losses))
         n += 1
         if on_batch is not None:
             on_batch(n)
@@ -114,10 +140,13 @@ def evaluate(eval_step, params, batches: Iterable[dict],
         out = eval_step(params, batch)
         if pending is not None:
             read()
-            if done:
+            if groups.done:
                 break
         pending = out
     else:
         if pending is not None:
             read()
-    return EvalTotals(loss_sum, tokens, n, mean_sum, groups)
+    if groups.rows and not groups.done:
+        groups.take(len(groups.rows))
+    return EvalTotals(groups.loss_sum, groups.tokens, len(groups.used), groups.mean_sum,
+                      groups.groups)

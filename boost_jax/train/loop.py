@@ -318,8 +318,9 @@ class _Run:
             return
         self.closed = True
         with contextlib.ExitStack() as parts:  # run last to first
-            parts.callback(self.run_files.upload)
-            if self.writer is not None:
+            if self.writer is not None:  # compile() fetched the bucket's copy first: a run
+                # that stops before never writes its local files over the bucket's
+                parts.callback(self.run_files.upload)
                 parts.callback(self.writer.close)
             parts.callback(self.ckpt.close)
 

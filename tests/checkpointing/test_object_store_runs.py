@@ -202,6 +202,47 @@ def test_a_brief_outage_is_retried_and_a_lasting_one_reported_at_every_save(
         capsys.readouterr().out)
 
 
+def test_a_local_write_error_while_fetching_is_the_runs_own(store, tmp_path, monkeypatch):
+    """Only the bucket's reads are retried and reported as the store's problem: a local disk
+    that cannot take the fetched copy is a one-line WriteError (exit code 1 in the trainer),
+    and the bucket's copy stays mirrored-to (nothing turned off)."""
+    import errno
+    from pathlib import Path as LocalPath
+
+    from boost_jax.operations.disk_errors import WriteError
+
+    bucket = store.bucket("localdisk")
+    bucket.emulator.write(bucket.name, "ckpt/run/metrics.jsonl", b'{"step": 1, "loss": 1.0}\n')
+    write = LocalPath.write_bytes
+
+    def full(self, data):
+        if self.name.endswith(".fetched"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, data)
+
+    monkeypatch.setattr(LocalPath, "write_bytes", full)
+    (tmp_path / "work").mkdir()
+    files = RunFiles(tmp_path / "work", f"{bucket.url}/ckpt")
+    with pytest.raises(WriteError, match="could not write .*metrics.jsonl.fetched: No space"):
+        files.fetch()
+    assert files.remote is not None and files.problem is None
+
+
+def test_a_finished_run_rerun_writes_nothing_over_the_bucket(s3_run, tiny_data, tmp_path):
+    """A rerun with nothing to train, from a stale workdir whose metrics end earlier, stops
+    before the bucket's copy is fetched -- so it never uploads its own over it."""
+    work = tmp_path / "stale"
+    work.mkdir()
+    (work / "metrics.jsonl").write_text('{"step": 2, "loss": 0.5}\n')
+    key = f"{s3_run.prefix}/run/metrics.jsonl"
+    before = s3_run.bucket.emulator.read(s3_run.bucket.name, key)
+    config = _config(tiny_data, 6, model=tiny("cola", n_kv_heads=8), schedule_steps=6,
+                     checkpoint_every=3)  # s3_run's
+    summary = run(config, work, jax.devices()[:1], checkpoint_dir=s3_run.url)
+    assert summary.start_step == summary.step == 6
+    assert s3_run.bucket.emulator.read(s3_run.bucket.name, key) == before
+
+
 def test_export_reads_the_checkpoint_dir_on_the_bucket(s3_run, tmp_path, capsys):
     """``boost_jax.export --checkpoint_dir=s3://...`` without a workdir: the parameters of the
     same checkpoint read from a local directory, bit for bit."""

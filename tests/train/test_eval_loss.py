@@ -67,3 +67,28 @@ def test_without_groups_a_batch_is_one_of_their_batches():
                       [slice(i, i + 4) for i in range(0, ROWS, 4)])
     assert totals.groups == totals.batches == 3
     assert totals.cola_loss == pytest.approx(_theirs(losses, targets, 4, 10**9), rel=1e-6)
+
+
+def test_groups_span_the_batches_the_trainer_cuts():
+    """The trainer evaluates each batch in its gradient-accumulation parts: the papers' groups
+    of 4 rows read over parts of 2 rows are the groups of the whole batches of 4."""
+    losses, targets = _numbers()
+
+    def step(_, s):
+        return losses[s], targets[s]
+
+    whole = evaluate(step, None, [slice(i, i + 4) for i in range(0, ROWS, 4)], group_rows=4)
+    parts = evaluate(step, None, [slice(i, i + 2) for i in range(0, ROWS, 2)], group_rows=4)
+    assert parts.groups == whole.groups == 3 and parts.batches == 6
+    assert parts.cola_loss == pytest.approx(whole.cola_loss, rel=1e-12)
+
+
+def test_a_batch_after_the_stop_is_not_counted():
+    """When the papers' evaluation stops at a batch boundary, the batch read past it (in
+    flight) counts in neither definition nor in ``batches``."""
+    losses, targets = _numbers()
+    stop = _seen_after(2, 2) - 1  # crossed by the end of batch 0 (groups 1 and 2)
+    totals = evaluate(lambda _, s: (losses[s], targets[s]), None,
+                      [slice(i, i + 4) for i in range(0, ROWS, 4)], group_rows=2,
+                      stop_tokens=stop, counted_per_row=1)
+    assert (totals.groups, totals.batches, totals.tokens) == (2, 1, targets[:4].sum())
