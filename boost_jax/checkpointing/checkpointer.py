@@ -253,8 +253,7 @@ class Checkpointer:
         self._record_sizes()
 
     def close(self) -> None:
-        """Wait for the saves in flight and close (after a failed save, already reported:
-        only give the directory up, so that closing never replaces that error)."""
+        """Wait for the saves in flight and close (after a failed save: only release)."""
         try:
             if not self._abandoned:
                 self.wait()  # on a failed write, closes the manager and raises
