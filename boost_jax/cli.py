@@ -89,7 +89,7 @@ def setup_devices(config: Config, simulated: bool = True) -> None:
     """Start multi-process JAX (or request the simulated CPU devices the mesh needs), turn on
     the compilation cache, quiet processes other than 0. Before JAX starts its backends.
     ``simulated=False``: the command's mesh is not run on the host's devices (it compiles for
-    mock GPUs: tools/gpu_compile.py), so no line says they are simulated."""
+    mock GPUs: commands/gpu_compile.py), so no line says they are simulated."""
     from boost_jax.parallel import distributed
     from boost_jax.parallel.mesh import request_host_devices
 

@@ -190,7 +190,7 @@ def varying_axes(x) -> frozenset[str]:
     return frozenset(manual.varying) if manual is not None else frozenset()
 
 
-# --- XLA's GPU options, per compile (tools/gpu_compile.py) ---------------------------------------
+# --- XLA's GPU options, per compile (commands/gpu_compile.py) -------------------------------------
 
 def xla_pipelining_options_renamed() -> bool:
     """Whether this jaxlib's XLA takes collective pipelining per compile as

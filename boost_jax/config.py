@@ -1,25 +1,23 @@
-"""Gin-configurable configuration: ``Model`` (defined in models/config.py), ``Parallel``, ``Train``
-and ``Data`` (defined in data/config.py), and ``Config``, the four together.
+"""The configuration: ``Model`` (defined in models/config.py), ``Parallel``, ``Train`` and ``Data``
+(defined in data/config.py), and ``Config``, the four together.
 
 Each class is a frozen dataclass whose fields are the public gin bindings
 (``--gin_param=Model.arch='svd'``), each with its one-line meaning (``--print_config`` lists
 them). Construction checks every field's type and validates the values, and raises
 :class:`ConfigError` with a one-line message naming the offending binding, so bad input is
-reported before anything is compiled. Gin text in and out (files, bindings, the operative
-config of a run) is in :mod:`boost_jax.gin_io`.
+reported before anything is compiled. The classes know nothing of gin: a command's entry point
+reads the bindings once (:func:`boost_jax.gin_io.load_config`) and passes the
+:class:`Config` down; ``Model()`` anywhere else is the defaults. Gin text in and out (files,
+bindings, the operative config of a run) is in :mod:`boost_jax.gin_io`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import gin
-
-from boost_jax.config_fields import FREE, MATCH, NOTE
+from boost_jax.config_fields import FREE, MATCH, NOTE, Derived
 from boost_jax.config_fields import check as _check
-from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
-from boost_jax.config_fields import set_values as _set
 from boost_jax.data.config import PACKINGS, Data  # noqa: F401  (re-exported, as Model is)
 from boost_jax.errors import ConfigError  # noqa: F401  (re-exported: the one error type)
 from boost_jax.models.config import (  # noqa: F401  (re-exported: the four groups here)
@@ -45,9 +43,8 @@ KERNELS = ("auto", "triton", "xla")
 ZERO_STAGES = (0, 1, 3)  # 2 would only differ from 1 by when gradients are freed
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
-class Parallel:
+class Parallel(metaclass=Derived):
     """The ``(data, pipe, tensor)`` device mesh and the tensor-parallel plan.
 
     ``tp_plan``: ``none`` (no TP), ``fullrank`` (Megatron, dense arch), ``vanilla`` (naive
@@ -101,7 +98,6 @@ class Parallel:
                           "gpu_verified.py, else XLA) | triton | xla", NOTE)
 
     def __post_init__(self):
-        _check_types(self)
         for name in ("data", "pipe", "tensor", "microbatches", "pipeline_repeats", "grad_accum"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1,
@@ -150,9 +146,8 @@ class Parallel:
         return self.data * self.pipe * self.tensor
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
-class Train:
+class Train(metaclass=Derived):
     """Optimisation, schedule, logging and checkpoint cadence (CoLA's recipe as defaults)."""
 
     steps: int = _field(300, "optimizer steps of the run", FREE)
@@ -238,8 +233,15 @@ class Train:
     wandb_name: str | None = _field(None, "Train.wandb: the W&B run's name (None: the "
                                     "workdir's name)", FREE)
 
+    @classmethod
+    def derive(cls, v: dict) -> dict:
+        """``warmup_steps`` left None: a tenth of the schedule's horizon --
+        :class:`~boost_jax.config_fields.Derived`."""
+        if v["warmup_steps"] is not None:
+            return v
+        return {**v, "warmup_steps": (v["schedule_steps"] or v["steps"]) // 10}
+
     def __post_init__(self):
-        _check_types(self)
         _check(self.nonfinite in NONFINITE,
                f"Train.nonfinite={self.nonfinite!r} must be one of {', '.join(NONFINITE)}")
         _check(self.max_skips >= 0, f"Train.max_skips={self.max_skips} must be >= 0")
@@ -267,8 +269,6 @@ class Train:
         self._check_operations()
         _check(bool(self.wandb_project.strip()),
                f"Train.wandb_project={self.wandb_project!r} must be a non-empty string")
-        if self.warmup_steps is None:
-            _set(self, warmup_steps=self.horizon // 10)
         _check(0 <= self.warmup_steps < self.horizon,
                f"Train.warmup_steps={self.warmup_steps} must be in [0, schedule horizon="
                f"{self.horizon})")
@@ -302,8 +302,9 @@ class Train:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """The four config groups together, as the trainer uses them."""
+class Config(metaclass=Derived):
+    """The four config groups together, as the trainer uses them (``Parallel.grad_accum``
+    derived from ``Train.micro_batch_size`` when that is set)."""
 
     model: Model
     parallel: Parallel
@@ -323,7 +324,6 @@ class Config:
         _check(self.train.batch_size % self.parallel.data == 0,
                f"Train.batch_size={self.train.batch_size} is not divisible by "
                f"Parallel.data={self.parallel.data}")
-        self._derive_grad_accum()
         check_plan(self.model, self.parallel)
         par, m = self.parallel, self.model
         per_shard = self.train.batch_size // par.data
@@ -360,20 +360,23 @@ class Config:
                    "parallelism yet (its latents would have to travel between stages); use "
                    "Parallel.pipe=1")
 
-    def _derive_grad_accum(self) -> None:
-        """``Train.micro_batch_size`` set: ``Parallel.grad_accum`` follows (left 1, or equal)."""
-        micro = self.train.micro_batch_size
-        if micro is None:
-            return
-        per_shard = self.train.batch_size // self.parallel.data
+    @classmethod
+    def derive(cls, v: dict) -> dict:
+        """``Train.micro_batch_size`` set: ``Parallel.grad_accum`` follows (left 1, or equal)
+        -- :class:`~boost_jax.config_fields.Derived`."""
+        train, parallel = v["train"], v["parallel"]
+        micro = train.micro_batch_size
+        if micro is None or train.batch_size % parallel.data:  # the latter: __post_init__'s
+            return v
+        per_shard = train.batch_size // parallel.data
         _check(per_shard % micro == 0,
                f"Train.micro_batch_size={micro} does not divide the batch of a data shard "
                f"(Train.batch_size / Parallel.data = {per_shard})")
         accum = per_shard // micro
-        _check(self.parallel.grad_accum in (1, accum),
-               f"Parallel.grad_accum={self.parallel.grad_accum} contradicts "
+        _check(parallel.grad_accum in (1, accum),
+               f"Parallel.grad_accum={parallel.grad_accum} contradicts "
                f"Train.micro_batch_size={micro} (which makes it {accum}); set one of them")
-        _set(self, parallel=dataclasses.replace(self.parallel, grad_accum=accum))
+        return {**v, "parallel": dataclasses.replace(parallel, grad_accum=accum)}
 
     def to_dict(self) -> dict:
         return {type(g).__name__: dataclasses.asdict(g)

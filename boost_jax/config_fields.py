@@ -1,10 +1,13 @@
 """What every config field shares: its help text, whether a checkpoint written under another
 value resumes, a type check of its value, and the one-line :class:`ConfigError` a bad value
-raises (used by :mod:`boost_jax.config`)."""
+raises; and :class:`Derived`, how a config group is made complete before it exists (used by
+:mod:`boost_jax.config`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import types
 import typing
 
@@ -36,22 +39,49 @@ def _tuple_name(kind) -> str:
     return f"a tuple of {_TYPE_NAMES[item].removeprefix('a ').removeprefix('an ')}s"
 
 
-def check_types(obj) -> None:
-    """Every field holds a value of its annotated type (a float field takes an integer too,
-    stored as a float); else a ConfigError naming the binding."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        hint = hints[f.name]
-        value = getattr(obj, f.name)
+def typed(cls: type, values: dict) -> dict:
+    """``values`` (every field of config class ``cls``), each :func:`config_field` checked
+    against its annotated type, with a tuple field's list (from JSON) as a tuple and a float
+    field's integer as a float; else a ConfigError naming the binding."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if "resume" in f.metadata}
+    out = dict(values)
+    for name, value in values.items():
+        if name not in fields:
+            continue
+        hint = hints[name]
         if typing.get_origin(hint) is tuple and isinstance(value, list):  # from JSON
             value = tuple(value)
-            set_values(obj, **{f.name: value})
         kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         if not any(_accepts(k, value) for k in kinds):
             expected = " or ".join(_TYPE_NAMES.get(k) or _tuple_name(k) for k in kinds)
-            raise ConfigError(f"{type(obj).__name__}.{f.name}={value!r} must be {expected}")
-        if float in kinds and isinstance(value, int):
-            set_values(obj, **{f.name: float(value)})
+            raise ConfigError(f"{cls.__name__}.{name}={value!r} must be {expected}")
+        out[name] = float(value) if float in kinds and isinstance(value, int) else value
+    return out
+
+
+class Derived(type):
+    """The metaclass of the config groups: ``Group(...)`` is a factory. It binds the arguments
+    to the dataclass's fields (defaults filled in), checks their types (:func:`typed`), lets
+    the class fill in what follows from them (its ``derive(values) -> values`` classmethod: a
+    preset's dimensions, a default rank, a warm-up length, ...), then makes the frozen
+    instance complete -- it is never changed afterwards, so it is a sound ``lru_cache`` or
+    static-argument key -- and ``__post_init__`` only validates. ``dataclasses.replace`` comes
+    through here too, with every field given: ``derive`` fills only what is unset."""
+
+    def __call__(cls, *args, **kwargs):
+        values = _signature(cls).bind(*args, **kwargs)
+        values.apply_defaults()
+        values = typed(cls, dict(values.arguments))
+        derive = getattr(cls, "derive", None)
+        return super().__call__(**(derive(values) if derive else values))
+
+
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    """``cls``'s dataclass ``__init__`` signature without ``self``."""
+    sig = inspect.signature(cls.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
 # What a resumed run may do with a field whose value differs from the checkpoint's config
@@ -69,17 +99,3 @@ def config_field(default, help: str, resume: str):
     if resume not in RESUME_KINDS:
         raise ValueError(f"resume={resume!r} is not one of {RESUME_KINDS}")
     return dataclasses.field(default=default, metadata={"help": help, "resume": resume})
-
-
-def set_values(obj, **kw) -> None:
-    for k, v in kw.items():
-        object.__setattr__(obj, k, v)
-
-
-def unbound(cls, **values):
-    """``cls(**values)`` with every other field at its dataclass default, whatever gin has
-    bound: a fixed configuration (the paper's rows) that a run's ``--gin_param`` must not
-    change (gin fills only the arguments a call leaves out)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)
-                if f.init and f.default is not dataclasses.MISSING}
-    return cls(**{**defaults, **values})

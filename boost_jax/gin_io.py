@@ -1,4 +1,9 @@
-"""Gin text in and out of the :class:`~boost_jax.config.Config`.
+"""Gin text in and out of the :class:`~boost_jax.config.Config`: the one place that reads gin.
+
+The config classes are plain dataclasses; here each is registered with gin under its name
+(``Model``, ``Parallel``, ``Train``, ``Data``) as a configurable that returns the fields the
+bindings set (:func:`bound`), so that a binding to an unknown field is gin's error, and an entry
+point builds the :class:`Config` from them once (:func:`load_config`) and passes it down.
 
 In: :func:`parse_gin` (files, then each ``--gin_param`` binding on its own, so an error names
 the file or the binding) and :func:`load_config`. Out: :func:`operative_gin`, every field's
@@ -11,6 +16,7 @@ drift from them).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import tokenize
 import typing
 from collections.abc import Iterable, Sequence
@@ -21,6 +27,29 @@ import gin
 from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
 
 GROUPS = {"model": Model, "parallel": Parallel, "train": Train, "data": Data}
+
+
+def _register(cls: type):
+    """A gin configurable named ``cls.__name__`` taking ``cls``'s fields (keyword-only, their
+    defaults) and returning ``{field: value}`` for those a binding sets."""
+    def given(**values):
+        return values
+
+    given.__signature__ = inspect.Signature([
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        for f in dataclasses.fields(cls) if f.init])
+    given.__name__ = given.__qualname__ = cls.__name__
+    given.__doc__ = cls.__doc__
+    return gin.external_configurable(given, name=cls.__name__, module=cls.__module__)
+
+
+_BINDINGS = {cls: _register(cls) for cls in GROUPS.values()}
+
+
+def bound(cls: type) -> dict:
+    """The fields of config class ``cls`` that the parsed gin bindings set, with their
+    values."""
+    return _BINDINGS[cls]()
 
 
 def _one_line(err: Exception) -> str:
@@ -61,8 +90,9 @@ def _gin(parse, text: str, where: str) -> None:
 
 
 def load_config(**overrides) -> Config:
-    """Build the validated :class:`Config` from the parsed gin bindings (plus ``overrides``)."""
-    made = {k: overrides.get(k) or cls() for k, cls in GROUPS.items()}
+    """Build the validated :class:`Config` from the parsed gin bindings (plus ``overrides``,
+    config groups by their :data:`GROUPS` name)."""
+    made = {k: overrides.get(k) or cls(**bound(cls)) for k, cls in GROUPS.items()}
     return Config(**made)
 
 

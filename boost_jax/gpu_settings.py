@@ -20,11 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
-
-from absl import app, flags
-
-FLAGS = flags.FLAGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,24 +113,7 @@ def environment(env: dict | None = None, append: bool = False) -> dict[str, str]
                                                       MEM_FRACTION)}
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if FLAGS.shell:
-        for k, v in environment(append=FLAGS.append).items():
-            print(f"export {k}={shlex.quote(v)}")
-        return 0
-    width = max(len(f.name) for f in FLAGS_LIST)
-    for f in FLAGS_LIST:
-        print(f"{f.name:<{width}}  {f.status:<9}  {f.value or '(empty)'}: {f.why}")
-    print(f"XLA_PYTHON_CLIENT_MEM_FRACTION={MEM_FRACTION}")
-    return 0
+if __name__ == "__main__":  # the command's documented name; the command: commands/gpu_settings.py
+    import runpy
 
-
-if __name__ == "__main__":
-    from boost_jax import cli
-
-    flags.DEFINE_bool("shell", False, "print export lines for a shell (what the launchers eval)")
-    flags.DEFINE_bool("append", False, "--shell: append the user's XLA_FLAGS to these instead "
-                      "of using them instead")
-    cli.run_app("boost_jax.gpu_settings", main)
+    runpy.run_module("boost_jax.commands.gpu_settings", run_name="__main__", alter_sys=True)

@@ -171,7 +171,7 @@ step() {  # step [ARCH/REMAT+...]: those rows, else every ARCHS x REMATS
     [[ $arch == dense && $remat == lowrank ]] && remat=full
     name="step_${arch}_${remat}"
     # the CoLA rows also keep XLA's autotune results and the compiled step's program, so
-    # that a CPU host's deviceless compile (tools/gpu_compile.py) can load the former
+    # that a CPU host's deviceless compile (commands/gpu_compile.py) can load the former
     # (--xla_gpu_load_autotune_results_from) and be compared with the latter
     dumps=""
     [[ $arch == cola ]] && dumps="--xla_gpu_dump_autotune_results_to=$work/$name/autotune.textproto

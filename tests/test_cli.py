@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from boost_jax import cli
-from boost_jax.bench.__main__ import main as bench_main
-from boost_jax.tools.comm_report import main as comm_report_main
+from boost_jax.commands.bench import main as bench_main
+from boost_jax.commands.comm_report import main as comm_report_main
 
 
 def _exit_code(monkeypatch, prog, main, argv):

@@ -166,7 +166,7 @@ def test_every_module_the_docs_run_exists():
 
 
 def _benchmarks() -> list[str]:
-    tree = ast.parse((REPO / "boost_jax/bench/__main__.py").read_text())
+    tree = ast.parse((REPO / "boost_jax/commands/bench.py").read_text())
     node = next(n for n in tree.body if isinstance(n, ast.Assign)
                 and getattr(n.targets[0], "id", None) == "BENCHMARKS")
     return [k.value for k in node.value.keys]

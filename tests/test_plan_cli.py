@@ -65,7 +65,7 @@ def test_errors_are_one_line(capsys, values, needle):
 
 
 def test_emitted_gin_trains(tmp_path, tiny_data, capsys):
-    from boost_jax.train import main as train_main
+    from boost_jax.commands import train as train_main
 
     path = tmp_path / "plan.gin"
     code, out, _ = _plan(capsys, ["Model.size='tiny'"], gpus=8, batch=8, seq_len=32,

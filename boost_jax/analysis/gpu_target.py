@@ -7,7 +7,7 @@ CUDA plugin (``pip install -e ".[gpu_compile]"``: ``jax-cuda13-plugin`` and
 specs for the GPUs it knows (openxla/xla ``xla/backends/gpu/target_config/specs/*.txtpb``),
 compiled into it; :func:`target_config` reads the one named (jax >= 0.12's plugin; 0.10.2's
 carries none: pass the spec file's path instead). JAX must run on the CPU platform only
-(``jax_platforms='cpu'`` before any backend starts: tools/gpu_compile.py's main sets it, the
+(``jax_platforms='cpu'`` before any backend starts: commands/gpu_compile.py's main sets it, the
 test suite's conftest sets ``JAX_PLATFORMS``); otherwise the plugin's backend fails to start on
 a host without CUDA and the topology is refused.
 """

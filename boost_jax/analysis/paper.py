@@ -20,7 +20,6 @@ import dataclasses
 from boost_jax.analysis.hardware import Hardware
 from boost_jax.analysis.perf_model import Efficiency, Prediction, predict
 from boost_jax.config import Model, Parallel
-from boost_jax.config_fields import unbound
 
 METHODS = ("fullrank", "vanilla", "boost")
 #: the paper abstract's speedup ranges of BOOST over each baseline (3B-30B)
@@ -69,11 +68,11 @@ def configs(row: Row, method: str) -> tuple[Model, Parallel]:
     """The model and parallel layout of one method on one row."""
     arch = "dense" if method == "fullrank" else row.arch
     plan = {"fullrank": "fullrank", "vanilla": "vanilla", "boost": "btp"}[method]
-    parallel = unbound(Parallel, data=1, tensor=row.tensor, pipe=row.pipe,
-                       tp_plan=plan if row.tensor > 1 else "none", rmsnorm="online",
-                       remat=row.remat, microbatches=row.microbatches,
-                       grad_accum=row.grad_accum)
-    return unbound(Model, arch=arch, size=row.size), parallel
+    parallel = Parallel(data=1, tensor=row.tensor, pipe=row.pipe,
+                        tp_plan=plan if row.tensor > 1 else "none", rmsnorm="online",
+                        remat=row.remat, microbatches=row.microbatches,
+                        grad_accum=row.grad_accum)
+    return Model(arch=arch, size=row.size), parallel
 
 
 def predict_row(row: Row, hw: Hardware, eff: Efficiency) -> dict[str, Prediction]:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from boost_jax.analysis.hardware import Hardware
 from boost_jax.analysis.perf_model import Efficiency, Prediction, predict
 from boost_jax.config import Config, ConfigError, Data, Model, Parallel, Train
+from boost_jax.config_fields import Derived
 
 #: share of HBM a run may use: launch/train.sh's default XLA_PYTHON_CLIENT_MEM_FRACTION
 USABLE_MEMORY = 0.90
@@ -51,7 +52,7 @@ _OVERHEADS = ("tp", "pp", "dp", "bubble")
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
+class Problem(metaclass=Derived):
     """What to plan: a model, a batch and the machine.
 
     ``memory_fraction`` of each device's HBM is the budget, which a layout's predicted memory
@@ -73,11 +74,16 @@ class Problem:
     flash_attention: bool = True
     headroom: float = HEADROOM
 
+    @classmethod
+    def derive(cls, v: dict) -> dict:
+        """``gpus_per_node`` left None: the hardware profile's."""
+        if v["gpus_per_node"] is not None:
+            return v
+        return {**v, "gpus_per_node": v["hardware"].gpus_per_node}
+
     def __post_init__(self):
         if self.gpus < 1:
             raise ConfigError(f"--gpus={self.gpus} must be a positive integer")
-        if self.gpus_per_node is None:
-            object.__setattr__(self, "gpus_per_node", self.hardware.gpus_per_node)
         if self.gpus_per_node < 1:
             raise ConfigError(f"--gpus_per_node={self.gpus_per_node} must be a positive integer")
         if not 0 < self.memory_fraction <= 1:

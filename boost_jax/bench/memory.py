@@ -16,7 +16,7 @@ shard).
 * With ``--target=a100_sxm_80`` (or ``h100_sxm``, ``h200``; rows :data:`GPU_ROWS`, the paper's
   five, for each of ``--methods``): each step is compiled by XLA's GPU compiler for that GPU,
   on the target's nodes (the A100s 4 per node, as the paper's), with cuDNN attention
-  (tools/gpu_compile.py: no GPU needed, the ``gpu_compile`` extra), and its peak per device is
+  (commands/gpu_compile.py: no GPU needed, the ``gpu_compile`` extra), and its peak per device is
   printed beside the performance model's (with flash attention), the GPU's memory and whether
   it fits. cuDNN's workspace is not in the compiled figure (the model's counts it).
   ``--memory_layers=N`` compiles each row at ``N`` decoder layers (the same widths): the
@@ -34,7 +34,6 @@ from boost_jax.analysis.gpu_target import TARGET_PROFILES  # --target -> its pro
 from boost_jax.bench.measure import format_rows, run_benchmark
 from boost_jax.cli import user_error
 from boost_jax.config import Config, ConfigError, Data, Train
-from boost_jax.config_fields import unbound
 
 FLAGS = flags.FLAGS
 
@@ -121,7 +120,7 @@ def topology(config: Config, target: str) -> str:
 
 def measure_gpu_row(config: Config, target: str) -> dict:
     """Per-device memory (GiB) of ``config``'s train step compiled by XLA's GPU compiler for
-    ``target`` GPUs (tools/gpu_compile.py, no GPU needed), beside the performance model's and
+    ``target`` GPUs (commands/gpu_compile.py, no GPU needed), beside the performance model's and
     the GPU's capacity."""
     from boost_jax.analysis import gpu_program
     from boost_jax.analysis.perf_model import memory
@@ -140,7 +139,7 @@ def measure_gpu_row(config: Config, target: str) -> dict:
     gpipe = dataclasses.replace(par, pipeline_schedule="gpipe", pipeline_repeats=1)
     one_f_one_b = memory(m, gpipe, t.batch_size, t.seq_len, t.dtype,
                          in_flight=min(par.microbatches, stages) if stages > 1 else None)
-    full_depth = unbound(type(m), arch=m.arch, size=m.size).n_layers
+    full_depth = type(m)(arch=m.arch, size=m.size).n_layers
     size = m.size if m.n_layers == full_depth else f"{m.size}/{m.n_layers}L"
     return {"layout": f"{size} {m.arch} {par.tp_plan} data={par.data} pipe={par.pipe} "
                       f"tensor={par.tensor} zero={par.zero} micro={par.microbatches} "

@@ -1,5 +1,7 @@
-"""The package's commands that belong to no one library package: ``eval``, ``export``,
-``generate``, ``plan`` and ``plot``, each run as ``python -m boost_jax.<name>`` (a thin alias at
-the package top) or ``python -m boost_jax.commands.<name>``. The other commands live with their
-library: ``python -m boost_jax.train`` (train/), ``boost_jax.bench`` (bench/),
-``boost_jax.data.prepare`` (data/) and ``boost_jax.tools.comm_report`` (tools/)."""
+"""Every command of the package, one module each, with its flags and its ``main``: ``train``,
+``eval``, ``export``, ``generate``, ``plan``, ``plot``, ``prepare``, ``bench``, ``comm_report``,
+``gpu_compile`` and ``gpu_settings``. Each runs as ``python -m boost_jax.commands.<name>`` and
+under its documented name -- ``python -m boost_jax.<name>`` (train, eval, export, generate,
+plan, plot, bench, gpu_settings), ``boost_jax.data.prepare``, ``boost_jax.tools.comm_report``,
+``boost_jax.tools.gpu_compile`` -- a thin alias that runs it (``runpy``). They share one set-up
+path (boost_jax/cli.py: gin flags, logging, devices, one-line errors)."""

@@ -41,13 +41,12 @@ import dataclasses
 import json
 import os
 
-import gin
 from absl import app, flags, logging
 
 from boost_jax import cli
 from boost_jax.cli import CONFIGS_DIR, define_gin_flags, user_error
 from boost_jax.config import DTYPES, ConfigError, Data, Model, Parallel, Train
-from boost_jax.gin_io import parse_gin
+from boost_jax.gin_io import bound, parse_gin
 
 PROG = "boost_jax.eval"
 FLAGS = flags.FLAGS
@@ -87,17 +86,6 @@ def define_flags() -> None:
                          "does not say")
     flags.DEFINE_integer("seed", 0, "lm-eval: seed of few-shot sampling and sampled "
                          "generations")
-
-
-def bound(cls: type) -> dict:
-    """The fields of config class ``cls`` that a gin binding sets, with their values."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        try:
-            out[f.name] = gin.query_parameter(f"{cls.__name__}.{f.name}")
-        except ValueError:
-            pass
-    return out
 
 
 def _reject_bindings() -> None:

@@ -201,11 +201,11 @@ def main(argv) -> int:
     # plan with the configured model; the mesh is this planner's to choose, so the configured
     # one (and its device count) is not set up: verification asks for its own CPU devices
     from boost_jax.config import Model, Train
-    from boost_jax.gin_io import parse_gin
+    from boost_jax.gin_io import bound, parse_gin
 
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(cli.CONFIGS_DIR)])
-        return _run(Model(), Train())
+        return _run(Model(**bound(Model)), Train(**bound(Train)))
     except ConfigError as err:
         return cli.user_error(PROG, err)
 

@@ -135,9 +135,8 @@ def model_memory(config: Config, model) -> dict[str, float]:
     from boost_jax.analysis.hardware import PROFILES
     from boost_jax.analysis.perf_model import predict
 
-    t, plan = config.train, model.plan
-    packed = config.data.packed
-    flash = (plan.packed_attention if packed else plan.attention) == "cudnn"
+    t = config.train
+    flash = model.execution.attention_for(packed=config.data.packed) == "cudnn"
     # memory does not depend on the hardware profile (its times do)
     pred = predict(config.model, config.parallel, t.batch_size, t.seq_len,
                    PROFILES["h100_sxm"], dtype=t.dtype, flash_attention=flash)

@@ -1,24 +1,20 @@
-"""``Data``, the gin-configurable group of where tokens come from and how they become rows
+"""``Data``, the config group of where tokens come from and how they become rows
 (re-exported by :mod:`boost_jax.config` with the other three groups)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import gin
-
-from boost_jax.config_fields import FREE, MATCH, NOTE
+from boost_jax.config_fields import FREE, MATCH, NOTE, Derived
 from boost_jax.config_fields import check as _check
-from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
 
 #: ``Data.packing``: data/loader.py, data/packing.py
 PACKINGS = ("concat", "document", "pad")
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
-class Data:
+class Data(metaclass=Derived):
     """Where tokens come from.
 
     ``path`` is a directory written by ``python -m boost_jax.data.prepare`` or
@@ -60,7 +56,6 @@ class Data:
         return 1 if self.packing == "pad" else self.max_segments
 
     def __post_init__(self):
-        _check_types(self)
         _check(self.packing_bins >= 1, f"Data.packing_bins={self.packing_bins} must be >= 1")
         _check(self.max_segments is None or self.max_segments >= 1,
                f"Data.max_segments={self.max_segments} must be >= 1 or None")

@@ -27,7 +27,7 @@ VERIFIED_PATH = "triton_kernels"
 def triton_available(platform: str | None = None) -> bool:
     """True when jax-triton imports (a jaxlib with the CUDA plugin) and the devices the step
     runs on (``platform``: a mesh's ``device.platform``; ``None``: the default backend's) are
-    GPUs -- the mock GPUs of a deviceless compile (tools/gpu_compile.py) included."""
+    GPUs -- the mock GPUs of a deviceless compile (commands/gpu_compile.py) included."""
     try:
         import jax_triton  # noqa: F401  (raises ImportError on CPU-only jaxlib)
     except ImportError:

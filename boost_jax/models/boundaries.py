@@ -18,11 +18,10 @@ when the model is placed on a mesh:
 ``final_norm``     residual stream -> the final RMSNorm's full-width output the head reads
 ``logits``         hidden -> (possibly vocab-sharded) logits
 ``token_loss``     logits + targets -> per-token cross-entropy (fp32)
-``layer_params``   a layer's stored parameters -> the ones its block computes with (the
-                   identity, or the zero layout's per-layer hook: FSDP's all-gather over
-                   ``data``, or the cast whose transpose reduces the layer's gradient over
-                   ``data`` in the backward loop; given by the runner when it builds the plan)
 =================  ==========================================================================
+
+How the same math is executed -- remat, the attention kernel, the per-layer parameter hook --
+is not the plan's: it travels beside it as an :class:`~boost_jax.models.execution.Execution`.
 
 ``gemm`` arguments are callables holding the local matrix products (returning an array or a
 dict of arrays), so a plan decides only where collectives go, never how a projection is
@@ -90,8 +89,7 @@ class Plan:
     """``none``: everything local; the residual stream is replicated over ``tensor``.
 
     A plan is immutable: everything it does is fixed when it is built
-    (:func:`boost_jax.parallel.plans.get_plan`, given the runner's per-layer hook and attention
-    choice)."""
+    (:func:`boost_jax.parallel.plans.get_plan`)."""
 
     name: ClassVar[str] = "none"
     #: logical axis name -> mesh axis (absent = replicated)
@@ -101,20 +99,6 @@ class Plan:
 
     #: one GEMM and collective for the q/k/v (gate/up) members, or one per member
     grouped: bool = True
-    #: activation-checkpointing policy of the decoder blocks (models/remat.py)
-    remat: str = "none"
-    #: the zero layout's per-layer hook (parallel/zero.py ``DataLayout.layer_params``, given
-    #: by the runner); None: identity
-    layer_hook: Callable[..., Any] | None = None
-    #: does the hook all-gather (FSDP: the block is then always checkpointed, remat.py)
-    layer_gathers: bool = False
-    #: the attention core's implementation for unpacked / packed rows, ``xla`` or ``cudnn``
-    #: (the runner's choice from ``Parallel.attention``, the compute dtype and the platform)
-    attention: str = "xla"
-    packed_attention: str = "xla"
-    #: cuDNN's packed path: runs of equal segment ids per packed row (models/attention.py
-    #: :func:`packed_slots`, from ``Data.max_segments``); None: unbounded
-    segment_slots: int | None = None
 
     @classmethod
     def check(cls, model: Model, tensor: int) -> None:
@@ -140,20 +124,6 @@ class Plan:
         return P(*(cls.rules.get(a) if a is not None else None for a in axes))
 
     # --- boundary functions (per device) -------------------------------------------------
-    def layer_params(self, layer, keep: bool = False):
-        """One layer's parameters (stacked axes indexed away) as its block uses them.
-        ``keep``: returns ``(used, kept)``, the second a copy for a pipeline's later
-        iterations (only with a hook that reduces in the loop, :attr:`reduces_in_loop`)."""
-        if self.layer_hook is None:
-            return (layer, layer) if keep else layer
-        return self.layer_hook(layer, keep=keep) if keep else self.layer_hook(layer)
-
-    @property
-    def reduces_in_loop(self) -> bool:
-        """Does the hook reduce each layer's gradient over ``data`` in the backward loop
-        (zero stages 0 and 1, parallel/zero.py ``in_loop``)?"""
-        return self.layer_hook is not None and not self.layer_gathers
-
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
         """``tokens [b, s]`` int, ``table [V, d]`` -> residual ``[b, s, d]``."""
         return jnp.take(table, tokens, axis=0)

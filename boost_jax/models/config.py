@@ -1,4 +1,4 @@
-"""The ``Model`` config group (gin): the decoder's architecture, dimensions and low-rank
+"""The ``Model`` config group: the decoder's architecture, dimensions and low-rank
 options, its preset resolved (models/presets.py). Re-exported by :mod:`boost_jax.config`
 beside the other groups."""
 
@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import gin
-
-from boost_jax.config_fields import FREE, MATCH
+from boost_jax.config_fields import FREE, MATCH, Derived
 from boost_jax.config_fields import check as _check
-from boost_jax.config_fields import check_types as _check_types
 from boost_jax.config_fields import config_field as _field
-from boost_jax.config_fields import set_values as _set
 from boost_jax.models.presets import PRESETS
 
 ARCHS = ("dense", "svd", "cola", "lax")
@@ -20,9 +16,8 @@ LAX_GATES = ("identity", "dense", "kronecker")
 LOWRANK_INITS = ("cola", "loro")
 LATENT_ACT_ARCHS = ("cola", "lax")  # a latent SiLU that only_lr_act lets replace the MLP's
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
-class Model:
+class Model(metaclass=Derived):
     """The decoder. ``size`` picks a preset (models/presets.py); any field set here wins.
     ``size='custom'`` starts from no preset (every dimension must then be given).
 
@@ -66,33 +61,43 @@ class Model:
     norm_eps: float = _field(1e-6, "RMSNorm epsilon", MATCH)
     init_std: float = _field(0.02, "initial std of embeddings and dense projections", FREE)
 
+    @classmethod
+    def derive(cls, v: dict) -> dict:
+        """The preset's value of every dimension left None, the key/value heads (the preset's
+        with its head count, else ``n_heads``) and the ranks (``rank``, else ``d_model //
+        4``) -- :class:`~boost_jax.config_fields.Derived`."""
+        v = dict(v)
+        preset = {"only_lr_act": True, "tie_embeddings": False, **PRESETS.get(v["size"], {})}
+        if v["arch"] not in LATENT_ACT_ARCHS:  # no latent activation to stand in for the SiLU
+            preset["only_lr_act"] = False
+        for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
+                      "only_lr_act", "rank"):
+            if v[field] is None and field in preset:
+                v[field] = preset[field]
+        if v["n_kv_heads"] is None:
+            # a preset's kv-head count only applies when the head count is the preset's too
+            same = "n_kv_heads" in preset and v["n_heads"] == preset["n_heads"]
+            v["n_kv_heads"] = preset["n_kv_heads"] if same else v["n_heads"]
+        d = v["d_model"]
+        if isinstance(d, int) and d > 0:
+            default_rank = v["rank"] if v["rank"] is not None else max(d // 4, 1)
+            v["attn_rank"] = v["attn_rank"] or default_rank
+            v["mlp_rank"] = v["mlp_rank"] or default_rank
+        return v
+
     def __post_init__(self):
-        _check_types(self)
         _check(self.arch in ARCHS, f"Model.arch={self.arch!r} is not one of {', '.join(ARCHS)}")
         _check(self.size in PRESETS or self.size == "custom",
                f"Model.size={self.size!r} is not a preset; choose from {', '.join(PRESETS)} "
                "or 'custom' (every dimension set explicitly)")
-        preset = {"only_lr_act": True, "tie_embeddings": False, **PRESETS.get(self.size, {})}
-        if self.arch not in LATENT_ACT_ARCHS:  # no latent activation to stand in for the SiLU
-            _check(self.arch != "svd" or not self.only_lr_act, "Model.only_lr_act=True needs "
-                   "a latent activation to replace the MLP's SiLU (cola, lax); Model.arch='svd' "
-                   "has none, so its MLP is always down(silu(gate) * up): leave it unset")
-            preset["only_lr_act"] = False
-        for field in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "tie_embeddings",
-                      "only_lr_act", "rank"):
-            if getattr(self, field) is None and field in preset:
-                _set(self, **{field: preset[field]})
-        if self.n_kv_heads is None:
-            # a preset's kv-head count only applies when the head count is the preset's too
-            same = "n_kv_heads" in preset and self.n_heads == preset["n_heads"]
-            _set(self, n_kv_heads=preset["n_kv_heads"] if same else self.n_heads)
+        _check(self.arch != "svd" or not self.only_lr_act, "Model.only_lr_act=True needs "
+               "a latent activation to replace the MLP's SiLU (cola, lax); Model.arch='svd' "
+               "has none, so its MLP is always down(silu(gate) * up): leave it unset")
         for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value > 0,
                    f"Model.{name}={value!r} must be a positive integer")
         d = self.d_model
-        default_rank = self.rank if self.rank is not None else max(d // 4, 1)
-        _set(self, attn_rank=self.attn_rank or default_rank, mlp_rank=self.mlp_rank or default_rank)
         _check(d % self.n_heads == 0,
                f"Model.n_heads={self.n_heads} does not divide Model.d_model={d}")
         _check(self.n_heads % self.n_kv_heads == 0,

@@ -20,6 +20,7 @@ from flax import nnx
 from boost_jax.config import Model
 from boost_jax.models.attention import Segments, cached_attention, causal_attention
 from boost_jax.models.boundaries import Plan
+from boost_jax.models.execution import Execution
 from boost_jax.models.init import Init, ParamDef, param, param_defs
 from boost_jax.models.projections import Fanout, Single
 from boost_jax.models.remat import ATTENTION, RESIDUAL, checkpointed, tag
@@ -44,16 +45,18 @@ class Block(nnx.Module):
         self.down = Single(cfg.arch, cfg.d_ff, d, "mlp", cfg.mlp_rank, **kw)
 
     def __call__(self, h: jax.Array, cross: dict | None, plan: Plan,
-                 segments: Segments | None = None) -> tuple[jax.Array, dict]:
+                 segments: Segments | None = None, execution: Execution = Execution()
+                 ) -> tuple[jax.Array, dict]:
         """Residual ``h [b, s, d_local]`` -> ``(h, latents)``.
 
         ``cross`` holds the previous block's LaX latents (``None`` for block 0 or non-LaX
         archs); the returned dict holds this block's (empty unless LaX). ``segments``: the
-        document layout of packed rows (models/attention.py), or ``None``.
+        document layout of packed rows (models/attention.py), or ``None``; ``execution``
+        chooses the attention kernel.
         """
         def attend(q, k, v):
-            impl = plan.attention if segments is None else plan.packed_attention
-            out = causal_attention(q, k, v, self.theta, segments, impl, plan.segment_slots)
+            impl = execution.attention_for(packed=segments is not None)
+            out = causal_attention(q, k, v, self.theta, segments, impl, execution.segment_slots)
             return tag(out, ATTENTION), None
 
         h, latents, _ = self._apply(h, cross, plan, attend)
@@ -109,17 +112,18 @@ class Decoder(nnx.Module):
         """``tokens [b, s]`` -> residual stream ``[b, s, d_local]``."""
         return plan.embed(tokens, self.embed[...])
 
-    def run_blocks(self, h: jax.Array, plan: Plan, layers=None,
-                   segments: Segments | None = None, hook: str = "apply",
+    def run_blocks(self, h: jax.Array, plan: Plan, execution: Execution = Execution(),
+                   layers=None, segments: Segments | None = None, keep: bool = False,
                    repeat: jax.Array | None = None):
         """Apply stacked blocks to the residual ``h``: all of them, or the stacked parameter
         slice ``layers`` (a pipeline stage's ``[n, ...]`` share of ``nnx.split(blocks)[1]``).
-        ``segments``: the packed rows' document layout, or ``None``.
+        ``segments``: the packed rows' document layout, or ``None``. Each layer's parameters
+        reach its block through ``execution.layer_params``, under ``execution.remat``.
 
-        ``hook``: how each layer's parameters reach its block -- ``apply``: through
-        ``plan.layer_params``; ``skip``: as given (already prepared); ``keep``: through
-        ``plan.layer_params(..., keep=True)``, and the kept copies are returned stacked beside
-        ``h``, ``(h, kept)`` (a pipeline's first iteration, parallel/pipeline.py).
+        ``keep``: each layer goes through ``execution.layer_params(..., keep=True)`` and the
+        kept copies are returned stacked beside ``h``, ``(h, kept)`` (a pipeline's first
+        iteration, parallel/pipeline.py, whose later iterations run on them with
+        ``execution.prepared()``).
 
         ``repeat`` (a traced index; ``layers`` then ``[R, n, ...]``): run the ``n`` layers of
         repeat ``repeat``, each layer's parameters sliced inside its checkpointed block, so that
@@ -129,10 +133,10 @@ class Decoder(nnx.Module):
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, h, cross):
-            layer = plan.layer_params(layer) if hook == "apply" else layer
-            return nnx.merge(graph, layer)(h, cross, plan, segments)
+            layer = layer if keep else execution.layer_params(layer)
+            return nnx.merge(graph, layer)(h, cross, plan, segments, execution)
 
-        gathers = plan.layer_gathers
+        gathers = execution.layer_gathers
         cross = None
         if repeat is not None:  # xs: the layer indices; the block slices its parameters
             sliced, block_of = layers, block
@@ -146,21 +150,22 @@ class Decoder(nnx.Module):
             stacked = layers
         elif self.crosses:  # block 0 has no latent to cross: run it before the scan
             first = jax.tree.map(lambda x: x[0], stacked)
-            h, cross = checkpointed(block, plan.remat, False, gathers)(first, h, None)
+            h, cross = checkpointed(block, execution.remat, False, gathers)(first, h, None)
             stacked = jax.tree.map(lambda x: x[1:], stacked)
-        block = checkpointed(block, plan.remat, gathers=gathers or repeat is not None)
+        block = checkpointed(block, execution.remat, gathers=gathers or repeat is not None)
 
         def body(carry, layer):
             kept = None
-            if hook == "keep":
-                layer, kept = plan.layer_params(layer, keep=True)
+            if keep:
+                layer, kept = execution.layer_params(layer, keep=True)
             return block(layer, *carry), kept
 
         (h, _), kept = jax.lax.scan(body, (h, cross or {}), stacked)
-        return (h, kept) if hook == "keep" else h
+        return (h, kept) if keep else h
 
     def cached_blocks(self, h: jax.Array, plan: Plan, cache_k: jax.Array, cache_v: jax.Array,
-                      positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      positions: jax.Array, execution: Execution = Execution()
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """:meth:`run_blocks` for generation (no remat, no pipeline): the new tokens of ``h [b,
         s, d_local]`` at ``positions [b, s]`` through every block, each attending over its
         layer of the key/value caches ``cache_k, cache_v [L, b, kv_heads, max_len,
@@ -170,8 +175,8 @@ class Decoder(nnx.Module):
         graph, stacked = nnx.split(self.blocks)
 
         def block(layer, index, h, cross, kv):
-            return nnx.merge(graph, plan.layer_params(layer)).cached(h, cross, plan, kv, index,
-                                                                     positions)
+            return nnx.merge(graph, execution.layer_params(layer)).cached(
+                h, cross, plan, kv, index, positions)
 
         cross, kv, first = None, (cache_k, cache_v), 0
         if self.crosses:  # block 0 has no latent to cross: run it before the scan
@@ -191,28 +196,29 @@ class Decoder(nnx.Module):
         """Residual stream -> final-normed hidden ``[b, s, d]`` (full width)."""
         return plan.final_norm(h, self.final_norm[...], self.eps)
 
-    def hidden(self, tokens: jax.Array, plan: Plan, segments: Segments | None = None
-               ) -> jax.Array:
+    def hidden(self, tokens: jax.Array, plan: Plan, segments: Segments | None = None,
+               execution: Execution = Execution()) -> jax.Array:
         """``tokens [b, s]`` -> final-normed hidden ``[b, s, d]`` (full width)."""
-        h = self.run_blocks(self.embed_tokens(tokens, plan), plan, segments=segments)
+        h = self.run_blocks(self.embed_tokens(tokens, plan), plan, execution, segments=segments)
         return self.finish(h, plan)
 
     def head_weight(self) -> jax.Array:
         """``[d, V]`` (the transposed embedding when tied)."""
         return self.embed[...].T if self.tied else self.head[...]
 
-    def logits(self, tokens: jax.Array, plan: Plan, segments: Segments | None = None
-               ) -> jax.Array:
-        return plan.logits(self.hidden(tokens, plan, segments), self.head_weight())
+    def logits(self, tokens: jax.Array, plan: Plan, segments: Segments | None = None,
+               execution: Execution = Execution()) -> jax.Array:
+        return plan.logits(self.hidden(tokens, plan, segments, execution), self.head_weight())
 
     def hidden_loss(self, hidden: jax.Array, targets: jax.Array, plan: Plan) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32) of a final hidden state."""
         return plan.token_loss(plan.logits(hidden, self.head_weight()), targets)
 
     def token_loss(self, tokens: jax.Array, targets: jax.Array, plan: Plan,
-                   segments: Segments | None = None) -> jax.Array:
+                   segments: Segments | None = None, execution: Execution = Execution()
+                   ) -> jax.Array:
         """Per-token cross-entropy ``[b, s]`` (fp32)."""
-        return self.hidden_loss(self.hidden(tokens, plan, segments), targets, plan)
+        return self.hidden_loss(self.hidden(tokens, plan, segments, execution), targets, plan)
 
 
 @functools.lru_cache(maxsize=32)

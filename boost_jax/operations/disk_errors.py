@@ -4,7 +4,7 @@ The checkpoints have their own (checkpointing/checkpointer.py ``CheckpointWriteE
 reads
 TensorStore's errors); this covers the workdir's files: ``metrics.jsonl``, TensorBoard's
 events, ``config.gin`` / ``config.json`` and ``last_checkpoint.json``. Both end the run with
-exit code 1 (train/main.py): not 75, which tells a scheduler to retry into the same full disk.
+exit code 1 (commands/train.py): not 75, which tells a scheduler to retry into the same full disk.
 """
 
 from __future__ import annotations

@@ -30,13 +30,13 @@ slices it again (the 30B TP4xPP4 row with FSDP over data=2, compiled for A100s: 
 GiB per device; ``tests/parallel/test_pipeline.py``).
 
 Gradient reduction (GPipe at zero stages 0 and 1, no accumulation). Iteration 0 runs before
-the loop: it casts each layer through ``plan.layer_params(..., keep=True)`` and the loop's
-iterations use the kept casts. Iteration 0 is the last one of the backward pass, and the
-later iterations' cotangents reach the kept casts first, so each layer's gradient is complete
-in iteration 0's backward and reduced over ``data`` there, layer by layer, under the backward
-of the layers below it (parallel/zero.py ``in_loop``). Stages other than 0 are idle in
-iteration 0 (their cotangents there are zeros), yet they run its backward like every other
-iteration, so their reductions hide under it too.
+the loop: it casts each layer through ``execution.layer_params(..., keep=True)`` and the
+loop's iterations use the kept casts (``execution.prepared()``). Iteration 0 is the last one of
+the backward pass, and the later iterations' cotangents reach the kept casts first, so each
+layer's gradient is complete in iteration 0's backward and reduced over ``data`` there, layer
+by layer, under the backward of the layers below it (parallel/zero.py ``in_loop``). Stages
+other than 0 are idle in iteration 0 (their cotangents there are zeros), yet they run its
+backward like every other iteration, so their reductions hide under it too.
 
 Boundaries. The embedding, the final norm, the head and the loss are per-token work, run
 sharded over ``pipe`` (as MaxText runs its non-pipelined layers): the data shard's ``b s``
@@ -63,6 +63,7 @@ from boost_jax.compat import varying_axes
 from boost_jax.models.attention import Segments
 from boost_jax.models.boundaries import Plan
 from boost_jax.models.decoder import Decoder
+from boost_jax.models.execution import Execution
 from boost_jax.parallel.plans.base import PIPE
 
 #: the name scope of the pipeline's first iteration when it runs before the loop (its layer
@@ -80,9 +81,9 @@ def canonical_layout(x: jax.Array, repeats: int) -> jax.Array:
     return x if repeats == 1 else x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: jax.Array,
-                        microbatches: int, repeats: int, segments: Segments | None = None
-                        ) -> jax.Array:
+def pipeline_token_loss(model: Decoder, plan: Plan, execution: Execution, inputs: jax.Array,
+                        targets: jax.Array, microbatches: int, repeats: int,
+                        segments: Segments | None = None) -> jax.Array:
     """Per-token loss ``[b, s]`` of this data shard: on stage ``k``, the losses of the
     ``k``-th of ``S`` chunks of its ``b s`` tokens (row-major), zero elsewhere.
 
@@ -109,15 +110,15 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
     if segments is not None:  # [M, mb, s] each
         segments = Segments(*(x.reshape(m_count, mb, s) for x in segments))
     _, blocks = nnx.split(model.blocks)
-    sliced = repeats > 1 or plan.layer_gathers  # run_blocks slices each layer (below)
-    if repeats == 1 and plan.layer_gathers:
+    sliced = repeats > 1 or execution.layer_gathers  # run_blocks slices each layer (below)
+    if repeats == 1 and execution.layer_gathers:
         blocks = jax.tree.map(lambda x: x[None], blocks)
     zeros = fresh * 0  # carries with the values' varying-axes type
     forward = [(k, k + 1) for k in range(stages - 1)]
     ring = forward + ([(stages - 1, 0)] if repeats > 1 else [])
     items = repeats * m_count
 
-    def iteration(carry, i, layers, hook):
+    def iteration(carry, i, layers, execution, keep=False):
         received, waiting, outputs = carry
         g = jnp.clip(i - stage, 0, items - 1)
         mbatch, rep = g % m_count, g // m_count
@@ -129,8 +130,9 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
         # inside its checkpointed block (run_blocks' `repeat`): a slice taken here would be
         # kept for the backward pass once per iteration, a copy of the stage's parameters.
         seg = None if segments is None else Segments(*(x[mbatch] for x in segments))
-        y = model.run_blocks(x, plan, layers, seg, hook, repeat=rep if sliced else None)
-        y, kept = y if hook == "keep" else (y, None)
+        y = model.run_blocks(x, plan, execution, layers, seg, keep,
+                             repeat=rep if sliced else None)
+        y, kept = y if keep else (y, None)
         done = (i - stage >= 0) & (stage == stages - 1) & (rep == repeats - 1)
         outputs = outputs.at[mbatch].set(jnp.where(done, y, outputs[mbatch]))
         received = lax.ppermute(y, PIPE, ring)
@@ -141,15 +143,15 @@ def pipeline_token_loss(model: Decoder, plan: Plan, inputs: jax.Array, targets: 
             waiting = waiting.at[bm].set(jnp.where(keep, received, waiting[bm]))
         return (received, waiting, outputs), kept
 
-    carry, first, hook = (zeros[0], zeros, zeros), 0, "apply"
-    if plan.reduces_in_loop:  # GPipe (runner.reduces_in_loop)
+    carry, first, later = (zeros[0], zeros, zeros), 0, execution
+    if execution.reduces_in_loop:  # GPipe (runner.reduces_in_loop)
         # iteration 0, the last in the backward pass, casts the layers and keeps the casts for
         # the later iterations: their cotangents reach it summed, and each layer's gradient is
         # reduced over data in this iteration's backward, layer by layer (parallel/zero.py)
         with jax.named_scope(FIRST_ITERATION):
-            carry, blocks = iteration(carry, 0, blocks, "keep")
-        first, hook = 1, "skip"
-    (_, _, outputs), _ = lax.scan(lambda c, i: (iteration(c, i, blocks, hook)[0], None), carry,
+            carry, blocks = iteration(carry, 0, blocks, execution, keep=True)
+        first, later = 1, execution.prepared()
+    (_, _, outputs), _ = lax.scan(lambda c, i: (iteration(c, i, blocks, later)[0], None), carry,
                                   jnp.arange(first, items + stages - 1))
     # the last stage's final residuals (zeros elsewhere), each stage's chunk of them
     final = lax.psum_scatter(outputs.reshape(1, b * s, -1), PIPE, scatter_dimension=1,

@@ -25,6 +25,7 @@ from boost_jax.models.attention import Segments, packed_slots, resolve_attention
 from boost_jax.models.batch import loss_share, row_sums, segments, token_count
 from boost_jax.models.boundaries import Plan
 from boost_jax.models.decoder import Decoder, abstract_model, bind
+from boost_jax.models.execution import Execution
 from boost_jax.models.init import STACKED, init_params, map_blocks, param_shapes, param_specs
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
 from boost_jax.parallel.plans import PLANS, get_plan
@@ -119,21 +120,24 @@ class ShardedModel:
         self.fsdp = parallel.zero == 3 and not gspmd
         #: a per-layer hook of the zero layout: the stacked parameters are cast per layer
         self.per_layer = self.layout.per_layer and not gspmd
-        self.plan = self._plan(max_segments)
+        #: where the collectives go (the ``tp_plan``, resolved for the mesh's devices)
+        self.plan = get_plan(self.parallel, self.mesh.devices.flat[0])
+        #: how the blocks run (models/execution.py)
+        self.execution = self._execution(max_segments)
 
-    def _plan(self, max_segments: int | None) -> Plan:
-        """The plan, built once with what this model decides: the attention implementation
-        (``Parallel.attention``, the compute dtype, the platform), cuDNN's packed slots and the
-        zero layout's per-layer hook."""
+    def _execution(self, max_segments: int | None) -> Execution:
+        """Built once with what this model decides: the remat policy, the attention
+        implementation (``Parallel.attention``, the compute dtype, the platform), cuDNN's
+        packed slots and the zero layout's per-layer hook."""
         attention, packed = resolve_attention(
             self.parallel.attention, self.dtype, self.mesh.devices.flat[0].platform,
             bounded=max_segments is not None)
         hook = dict(layer_hook=functools.partial(self.layout.layer_params, dtype=self.dtype),
                     layer_gathers=self.fsdp) if self.per_layer else {}
-        return get_plan(self.parallel, self.mesh.devices.flat[0], attention=attention,
-                        packed_attention=packed,
-                        segment_slots=None if max_segments is None else packed_slots(
-                            max_segments), **hook)
+        return Execution(remat=self.parallel.remat, attention=attention,
+                         packed_attention=packed,
+                         segment_slots=None if max_segments is None else packed_slots(
+                             max_segments), **hook)
 
     def named(self, specs):
         """``NamedSharding`` on this model's mesh for every PartitionSpec of ``specs``."""
@@ -187,7 +191,8 @@ class ShardedModel:
     def bound(self, params: dict) -> Decoder:
         """The decoder holding this device's ``params`` -- stored layout, FSDP's non-layer
         parameters gathered (``layout.gather_globals``) -- cast to the compute dtype (with a
-        per-layer hook, layer parameters are cast per layer by the plan's ``layer_params``)."""
+        per-layer hook, layer parameters are cast per layer by the execution's
+        ``layer_params``)."""
         cast = lambda p: p.astype(self.dtype)  # noqa: E731
         if self.per_layer:
             params = {k: v if k == STACKED else jax.tree.map(cast, v) for k, v in params.items()}
@@ -202,9 +207,9 @@ class ShardedModel:
         inputs, targets, segs = batch["inputs"], batch["targets"], segments(batch)
         if self.pipelined:
             par = self.parallel
-            return pipeline_token_loss(model, self.plan, inputs, targets, par.microbatches,
-                                       self.repeats, segs)
-        return model.token_loss(inputs, targets, self.plan, segs)
+            return pipeline_token_loss(model, self.plan, self.execution, inputs, targets,
+                                       par.microbatches, self.repeats, segs)
+        return model.token_loss(inputs, targets, self.plan, segs, self.execution)
 
     def local_loss(self, params: dict, batch: dict, n_tokens: int | jax.Array) -> jax.Array:
         """This device's share of the mean loss: the sum of its tokens' cross-entropies over
@@ -221,11 +226,9 @@ class ShardedModel:
         sum of these)."""
         if self.gspmd:
             model = bind(self.cfg, params, self.dtype)
-            p = self.plan
-            local = Plan(p.grouped, p.remat, attention=p.attention,
-                         packed_attention=p.packed_attention, segment_slots=p.segment_slots)
-            return row_sums(model.token_loss(batch["inputs"], batch["targets"], local,
-                                             segments(batch)), batch)
+            return row_sums(model.token_loss(batch["inputs"], batch["targets"],
+                                             Plan(self.plan.grouped), segments(batch),
+                                             self.execution), batch)
 
         def local(params, batch):
             params = self.layout.gather_globals(params, self.dtype)
@@ -244,13 +247,11 @@ class ShardedModel:
         n_tokens = token_count(batch) if n_tokens is None else n_tokens
         if self.gspmd:
             model = bind(self.cfg, params, self.dtype)
-            # the explicit plan's choices but for its boundaries: attention (cuDNN on a GPU
-            # for both, else the baseline would run XLA's attention), grouping, remat
-            p = self.plan
-            local = Plan(p.grouped, p.remat, attention=p.attention,
-                         packed_attention=p.packed_attention, segment_slots=p.segment_slots)
-            per_token = model.token_loss(batch["inputs"], batch["targets"], local,
-                                         segments(batch))
+            # the explicit plan's grouping and execution (attention: cuDNN on a GPU for both,
+            # else the baseline would run XLA's attention; remat), not its boundaries
+            per_token = model.token_loss(batch["inputs"], batch["targets"],
+                                         Plan(self.plan.grouped), segments(batch),
+                                         self.execution)
             return loss_share(per_token, batch, n_tokens)
 
         def local(params, batch, n_tokens):
@@ -276,7 +277,7 @@ class ShardedModel:
 
         def local(params, tokens, *segments):
             model = self.bound(self.layout.gather_globals(params, self.dtype))
-            return model.logits(tokens, self.plan, *segments)
+            return model.logits(tokens, self.plan, *segments, execution=self.execution)
 
         out = P(DATA, None, self.plan.rules.get("vocab"))
         args = (params, tokens) + (() if segments is None else (segments,))

@@ -1,9 +1,9 @@
-from absl import flags
+"""``python -m boost_jax.train``: the trainer.
 
-from boost_jax import cli
-from boost_jax.train import main
+The command is boost_jax/commands/train.py (every command lives in boost_jax/commands/);
+this module keeps its documented name."""
 
-flags.adopt_module_key_flags(main)  # --help lists the trainer's flags, not only --helpfull
-flags.adopt_module_key_flags(cli)
-__doc__ = main.__doc__  # absl's --help prints the main module's docstring
-main.run_app()
+import runpy
+
+if __name__ == "__main__":
+    runpy.run_module("boost_jax.commands.train", run_name="__main__", alter_sys=True)

@@ -15,7 +15,7 @@ its gradient-norm all-reduce (train/step.py :func:`stop_flags`). Every process r
 summed flags in the metrics of the same step ``n``, leaves the loop after step ``n + 1`` (at
 most two steps after the signal), saves the same checkpoint and exits with the signal's code,
 however many of them received it and when. A second signal ends the process at once, without
-a checkpoint (operations/signals.py). The handlers are the entry point's (train/main.py passes
+a checkpoint (operations/signals.py). The handlers are the entry point's (commands/train.py passes
 its :class:`StopRequest`); called from Python, :func:`run` installs none.
 
 Operating a run: each step's report and the pauses feed the goodput account

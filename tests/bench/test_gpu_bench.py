@@ -28,14 +28,14 @@ def test_top_ops_of_a_cpu_trace(tmp_path):
     assert sum(r["share"] for r in rows) <= 1.0 + 1e-9
 
 
-def test_attention_implementation_reaches_the_plan():
+def test_attention_implementation_reaches_the_execution():
     from boost_jax.parallel.mesh import make_mesh
     from boost_jax.parallel.runner import ShardedModel
     from boost_jax.testing import tiny
 
     parallel = Parallel(data=1, tensor=1, tp_plan="none", attention="auto")
     mesh = make_mesh(parallel, jax.devices()[:1])
-    assert ShardedModel(tiny(), parallel, mesh, jnp.bfloat16).plan.attention == "xla"  # CPU
+    assert ShardedModel(tiny(), parallel, mesh, jnp.bfloat16).execution.attention == "xla"  # CPU
     with pytest.raises(Exception, match="Parallel.attention='cudnn' needs a GPU"):
         ShardedModel(tiny(), Parallel(data=1, tensor=1, tp_plan="none", attention="cudnn"),
                      mesh, jnp.bfloat16)

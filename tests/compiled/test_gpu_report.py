@@ -1,5 +1,5 @@
 """The train step compiled by XLA's GPU compiler for H100s -- 8 in one host, and 2 hosts x 8 --
-on this CPU host (tools/gpu_compile.py; the ``gpu_compile`` extra and jax >= 0.12, whose CUDA
+on this CPU host (commands/gpu_compile.py; the ``gpu_compile`` extra and jax >= 0.12, whose CUDA
 plugin carries XLA's target specs: CI's newest stack; skipped with the reason elsewhere).
 
 The tiny CoLA model (4 layers) under btp in bf16, packed rows, cuDNN attention, the tensor axis

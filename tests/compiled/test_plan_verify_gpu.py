@@ -64,9 +64,8 @@ def test_the_planners_choice_for_8_h100s_agrees_with_the_model():
         pytest.skip(why)
     from boost_jax.analysis.planner import Problem, plan
     from boost_jax.config import Model
-    from boost_jax.config_fields import unbound
 
-    problem = Problem(unbound(Model, arch="cola", size="1b"), 8, 8, 4096, PROFILES["h100_sxm"])
+    problem = Problem(Model(arch="cola", size="1b"), 8, 8, 4096, PROFILES["h100_sxm"])
     best = plan(problem).layouts[0]
     assert (best.parallel.data, best.parallel.zero) == (8, 3), best.parallel
     check = plan_verify.check_layout_on_gpu(problem, best, gpu_target.GPU_TARGETS["h100_sxm"])

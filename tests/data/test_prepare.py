@@ -251,9 +251,11 @@ def _main(capsys, *args: str) -> tuple[int, str]:
     """The command run in this process with ``args``: (exit code, what it wrote on stderr)."""
     from absl import flags
 
+    from boost_jax.commands import prepare as prepare_command
+
     fv = flags.FlagValues()
-    prepare_module.define_flags(fv)
-    code = prepare_module.main(fv(["prepare", *args]), fv)
+    prepare_command.define_flags(fv)
+    code = prepare_command.main(fv(["prepare", *args]), fv)
     return code, capsys.readouterr().err
 
 

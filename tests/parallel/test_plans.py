@@ -181,8 +181,9 @@ def test_logits_are_vocab_sharded_and_equal():
 
 @JAX
 def test_a_plan_is_fixed_when_it_is_built():
-    """Plans are immutable: what the runner decides (the zero layout's per-layer hook, the
-    attention implementation) is given when it builds the plan, not written in afterwards."""
+    """Plans and executions are immutable: what the runner decides (the zero layout's
+    per-layer hook, the attention implementation: models/execution.py) is given when it builds
+    them, not written in afterwards."""
     import dataclasses
 
     from boost_jax.parallel.mesh import make_mesh
@@ -194,6 +195,6 @@ def test_a_plan_is_fixed_when_it_is_built():
         plan.attention = "cudnn"
     parallel = Parallel(data=2, tensor=4, zero=1)
     model = ShardedModel(tiny("cola"), parallel, make_mesh(parallel))
-    assert model.plan.layer_hook is not None and model.plan.reduces_in_loop
+    assert model.execution.layer_hook is not None and model.execution.reduces_in_loop
     with pytest.raises(dataclasses.FrozenInstanceError):
-        model.plan.layer_hook = None
+        model.execution.layer_hook = None

@@ -72,7 +72,7 @@ def train_in_process(workdir, bindings, **values) -> int:
     from absl import logging as absl_logging
     from absl.testing import flagsaver
 
-    from boost_jax.train import main as train_main
+    from boost_jax.commands import train as train_main
 
     # the command sets absl's verbosity and filters absl's handler; restoring the flags sets
     # the absl logger's level to the default verbosity's WARNING, which would hide later tests'
@@ -182,7 +182,7 @@ def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
 def test_a_storage_error_ends_the_process_at_once(tiny_data, tmp_path, read_only_disk):
     """Guards issue 46 case 7: checkpoints to a (real) read-only disk: the save of step 2 fails
     in the background, and the command ends with one error line and exit code 1 at once --
-    orbax's threads of the abandoned save kept the process alive for 300 s (train/main.py
+    orbax's threads of the abandoned save kept the process alive for 300 s (commands/train.py
     ``run_app``)."""
     gin = [*_tiny_gin(tiny_data), "Train.steps=4", "Train.checkpoint_every=2",
            "Parallel.data=1", "Parallel.tensor=1", "Parallel.tp_plan='none'"]

@@ -32,13 +32,13 @@ def check(model: Model, parallel: Parallel) -> None:
         _check_kernels(parallel)
 
 
-def get_plan(parallel: Parallel, device=None, **given) -> Plan:
-    """The plan for ``parallel.tp_plan`` and its options; ``given``: what the runner decides
-    (:class:`Plan`'s ``layer_hook``, ``layer_gathers``, ``attention``, ``packed_attention``,
-    ``segment_slots``). ``Parallel.kernels`` is resolved here (btp) for ``device`` (one of the
-    mesh's; ``None``: the default backend's), whose compute capability the Triton kernels are
-    compiled for."""
-    options = dict(grouped=parallel.grouping, remat=parallel.remat, **given)
+def get_plan(parallel: Parallel, device=None) -> Plan:
+    """The plan for ``parallel.tp_plan`` and its options (how the blocks run -- remat,
+    attention, the per-layer hook -- is the runner's :class:`~boost_jax.models.execution.
+    Execution`). ``Parallel.kernels`` is resolved here (btp) for ``device`` (one of the mesh's;
+    ``None``: the default backend's), whose compute capability the Triton kernels are compiled
+    for."""
+    options = dict(grouped=parallel.grouping)
     if parallel.tp_plan != "btp":
         return PLANS[parallel.tp_plan](**options)
     payload = jnp.float32 if parallel.norm_payload == "float32" else None

@@ -100,3 +100,8 @@ def run_app() -> None:
         if done.code == EXIT_STORAGE:
             cli.exit_now(EXIT_STORAGE)
         raise
+
+
+if __name__ == "__main__":
+    flags.adopt_module_key_flags(cli)  # --help lists the shared flags too, not only --helpfull
+    run_app()
