@@ -215,3 +215,45 @@ def test_every_command_lives_in_commands():
     assert set(aliases.values()) <= commands, aliases
     assert {"boost_jax.train.__main__", "boost_jax.data.prepare",
             "boost_jax.tools.comm_report"} <= set(aliases)
+
+
+#: the modules that change process-wide state (a JAX option, an environment variable, a signal
+#: handler, the process's exit), each with why it may: entry points, and the set-up functions
+#: only they call
+PROCESS_WIDE = {
+    "boost_jax.cli": "what every command's entry point shares",
+    "boost_jax.commands.eval": "an entry point",
+    "boost_jax.commands.gpu_compile": "an entry point",
+    "boost_jax.commands.plan": "an entry point",
+    "boost_jax.commands.train": "an entry point (its hang watchdog's exit)",
+    "boost_jax.bench.memory": "the body of the bench command's memory benchmark",
+    "boost_jax.parallel.mesh": "request_host_devices, called by cli.setup_devices only",
+    "boost_jax.parallel.distributed": "initialize, called by cli.setup_devices only",
+    "boost_jax.operations.signals": "StopRequest, entered by commands/train.py only",
+    "boost_jax.data.tokenize_chunks": "the initializer of the tokenizer's own worker processes",
+}
+
+
+def _process_wide(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) == "os._exit":
+            return True  # called, or handed to code that calls it
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "jax.config.update", "signal.signal", "os.environ.setdefault", "os.putenv"):
+            return True
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(ast.unparse(t).startswith("os.environ[") for t in targets):
+                return True
+    return False
+
+
+def test_process_wide_effects_only_where_listed():
+    """Library code changes no process-wide state on its own: ``jax.config.update``,
+    environment variables, signal handlers and ``os._exit`` appear only in the modules of
+    :data:`PROCESS_WIDE`. Seen failing with the hang watchdog's ``os._exit`` inside the
+    training loop's own default (operations/watchdog.py)."""
+    found = {module for module, path in _modules().items()
+             if _process_wide(ast.parse(path.read_text()))}
+    assert found == set(PROCESS_WIDE), (sorted(found - set(PROCESS_WIDE)),
+                                        sorted(set(PROCESS_WIDE) - found))

@@ -24,6 +24,7 @@ one, at a second signal).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags
@@ -61,7 +62,8 @@ def _train(config) -> int:
         with StopRequest() as stop:
             summary = run(config, FLAGS.workdir, fresh_start=FLAGS.fresh_start,
                           checkpoint_dir=FLAGS.checkpoint_dir,
-                          allow_data_change=FLAGS.allow_data_change, stop=stop)
+                          allow_data_change=FLAGS.allow_data_change, stop=stop,
+                          on_hang=os._exit)  # a hung process ends (operations/watchdog.py)
     except (CheckpointWriteError, CheckpointReadError, WriteError) as err:
         print(f"boost_jax.train: error: {err}", file=sys.stderr)
         return EXIT_STORAGE

@@ -5,7 +5,7 @@ The command ``python -m boost_jax.data.prepare`` (boost_jax/commands/prepare.py)
 inputs, the output directory and the eval split.
 """
 
-# The parts: sources.py (the inputs), chunking.py (their numbered chunks), tokenizing.py (the
+# The parts: sources.py (the inputs), chunking.py (their numbered chunks), tokenize_chunks.py (the
 # tokenizer, the worker processes), shards.py (shard files, --verify), manifest.py, unfinished.py
 # (what an unfinished run left), prepare_checks.py (the checks before writing), cache.py (the
 # cache of bundled corpora) and boost_jax/publish.py (the output checks and the renames into
@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from boost_jax import publish
-from boost_jax.data import tokenizing, unfinished
+from boost_jax.data import tokenize_chunks, unfinished
 from boost_jax.data.cache import default_cache_dir, exclusive
 from boost_jax.data.chunking import Chunks
 from boost_jax.data.corpus import corpus_path
@@ -45,7 +45,7 @@ from boost_jax.data.prepare_checks import (
 from boost_jax.data.shards import ShardWriter as _ShardWriter  # the name tests reach it by
 from boost_jax.data.shards import verify, write_json
 from boost_jax.data.sources import Inputs, PrepareError
-from boost_jax.data.tokenizing import MIB, TOKENIZER_SPECS
+from boost_jax.data.tokenize_chunks import MIB, TOKENIZER_SPECS
 
 __all__ = ["DEFAULT_EVAL_FRACTION", "FORMAT_VERSION", "MIB", "TOKENIZER_SPECS", "PrepareError",
            "default_cache_dir", "ensure_bundled", "eval_split_label", "prepare", "read_manifest",
@@ -81,7 +81,7 @@ def prepare(inputs: Sequence[str | Path], output: str | Path, tokenizer: str = "
                 tokenizer=tokenizer, eval_fraction=eval_fraction, seed=seed,
                 text_field=text_field, chunk_mb=chunk_mb, chunks_per_shard=chunks_per_shard)
     check_numbers(eval_fraction, chunk_mb, chunks_per_shard, tokenizer_sample_mb)
-    tokenizing.check_spec(tokenizer)
+    tokenize_chunks.check_spec(tokenizer)
     check_output(output, args, overwrite)
     train = check_inputs(inputs, pattern, output, text_field)
     held = None
@@ -119,7 +119,7 @@ def _build(train: Inputs, held: Inputs | None, output: Path, work: Path, args: d
                 f"matching --{pattern}={args[pattern]!r}")
     text_field, seed = args["text_field"], args["seed"]
     chunk_bytes, per_shard = int(args["chunk_mb"] * MIB), args["chunks_per_shard"]
-    tok = tokenizing.run_tokenizer(args["tokenizer"], files, text_field, work, sample_mb, log)
+    tok = tokenize_chunks.run_tokenizer(args["tokenizer"], files, text_field, work, sample_mb, log)
     dtype = np.dtype(np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32)
     done = unfinished.finished_shards(shard_dir, dtype.itemsize)
     if done and log:
@@ -142,9 +142,9 @@ def _build(train: Inputs, held: Inputs | None, output: Path, work: Path, args: d
 
     records, writer, tokens = dict(done), None, 0
     in_flight = 2 * max(workers, 1)
-    with bar, tokenizing.pool(workers, work) as executor:
-        for index, (ids, lengths) in tokenizing.tokenized(executor, iter(todo), seed, dtype.name,
-                                                          in_flight, within):
+    with bar, tokenize_chunks.pool(workers, work) as executor:
+        for index, (ids, lengths) in tokenize_chunks.tokenized(executor, iter(todo), seed,
+                                                               dtype.name, in_flight, within):
             shard = index // per_shard
             if writer is not None and writer.index != shard:
                 records[writer.index] = writer.close()

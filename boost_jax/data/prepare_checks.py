@@ -4,7 +4,7 @@ Each refuses a user-caused problem with a one-line :class:`PrepareError` that sa
 wrong and what to do: numbers out of range, two eval splits, an output that is taken or cannot
 be written (or an unfinished run of other arguments there), inputs that are missing,
 unreadable, without text, inside the output or both train and eval inputs. The tokenizer spec
-is checked in data/tokenizing.py.
+is checked in data/tokenize_chunks.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ directory ``.<output>.partial``.
 Its arguments (``args.json``, written first: a rerun with other arguments is refused or, with
 ``--overwrite``, discards the work directory), its finished shards (those with a record and
 files of the recorded sizes, kept) and the half-written files of the shard it was writing
-(``*.tmp*``, removed). Its tokenizer is reused too (data/tokenizing.py).
+(``*.tmp*``, removed). Its tokenizer is reused too (data/tokenize_chunks.py).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ hung one (:data:`SUSPENDED_S`).
 
 When it fires: one line on stderr, every thread's Python stack to
 ``<workdir>/hang-step<N>-process<i>.txt`` (``faulthandler.dump_traceback``, appended; ``N``
-is the last finished step) and to the log (``sys._current_frames``), then ``os._exit``: the
-main thread is stuck where no exception can reach it.
+is the last finished step) and to the log (``sys._current_frames``), then the ``exit`` it was
+given: ``os._exit`` from the command (the main thread is stuck where no exception can reach
+it); a run called from Python without one leaves the process to its caller.
 """
 
 from __future__ import annotations
@@ -84,10 +85,11 @@ def thread_stacks() -> str:
 class Watchdog:
     """The watchdog of one training loop: a context manager that starts the daemon thread and
     stops it; :meth:`beat` at each finished step, :meth:`paused` around checkpoint saves and
-    evals. ``exit`` and ``clock`` are for tests."""
+    evals. ``exit(code)``: what ends the process when it fires (the entry point's; None: it
+    dumps the stacks and ends nothing); ``clock`` is for tests."""
 
     def __init__(self, setting: float | None, workdir: Path, process: int,
-                 exit: Callable[[int], object] = os._exit,
+                 exit: Callable[[int], object] | None = None,
                  clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S):
         self.setting, self.workdir, self.process = setting, workdir, process
         self._exit, self._clock, self._poll_s = exit, clock, poll_s
@@ -174,13 +176,16 @@ class Watchdog:
         except OSError as err:
             where = f"{path} could not be written ({err}); the stacks of all threads are"
             path = None
+        then = (f"exiting with code {EXIT_HANG} so that the scheduler restarts it"
+                if self._exit is not None else "the process is left running (no exit given)")
         os.write(sys.stderr.fileno(), (
-            f"{PROG}: error: {what}: the run looks hung; {where} and in the log; exiting "
-            f"with code {EXIT_HANG} so that the scheduler restarts it\n").encode())
+            f"{PROG}: error: {what}: the run looks hung; {where} and in the log; "
+            f"{then}\n").encode())
         logging.error("hang watchdog, process %d: the stacks of all threads:\n%s", self.process,
                       thread_stacks())
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         self.fired = path
-        self._exit(EXIT_HANG)
+        if self._exit is not None:
+            self._exit(EXIT_HANG)

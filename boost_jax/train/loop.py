@@ -32,7 +32,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -104,7 +104,7 @@ class _Run:
 
     def __init__(self, config: Config, workdir: Path, devices, checkpoint_async: bool,
                  goodput: Goodput, checkpoint_dir: str | None = None,
-                 allow_data_change: bool = False):
+                 allow_data_change: bool = False, on_hang: Callable[[int], object] | None = None):
         t = config.train
         check_sample_size(config.model, t)  # before anything is built or compiled
         check_available(t.wandb)
@@ -128,7 +128,7 @@ class _Run:
         self.eval_split = eval_split_label(dataset.meta)
         self.lead, self.goodput = jax.process_index() == 0, goodput
         self.profiler = StepProfiler(t, workdir, jax.process_index(), jax.process_count())
-        self.watchdog = Watchdog(t.hang_timeout_s, workdir, jax.process_index())
+        self.watchdog = Watchdog(t.hang_timeout_s, workdir, jax.process_index(), exit=on_hang)
         self.sampler = Sampler(t, dataset.path) if t.sample_every else None
         if self.lead:
             workdir.mkdir(parents=True, exist_ok=True)
@@ -336,7 +336,8 @@ def _nothing_to_do(r: _Run, step: int) -> Summary:
 def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | None = None,
         checkpoint_async: bool = True, fresh_start: bool = False,
         checkpoint_dir: str | None = None, allow_data_change: bool = False,
-        stop: StopRequest | None = None) -> Summary:
+        stop: StopRequest | None = None, on_hang: Callable[[int], object] | None = None
+        ) -> Summary:
     """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
 
     ``checkpoint_dir``: where the checkpoints go (default ``<workdir>/checkpoints``): a local
@@ -348,13 +349,16 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     than the checkpoint's (train/resume.py :func:`check_data`). ``stop``: the entered
     :class:`StopRequest` of the entry point that installed the signal handlers
     (``python -m boost_jax.train``); None: no signal stops the run, and none is handled here.
+    ``on_hang``: what ends the process when the hang watchdog fires (``Train.hang_timeout_s``;
+    called with its exit code, operations/watchdog.py): the entry point's ``os._exit``; None:
+    the stacks are dumped and the process is left to its caller.
     Raises :class:`CheckpointWriteError` when a save fails."""
     t_start, workdir = time.perf_counter(), workdir_checked(workdir)
     stop = stop or StopRequest()  # not entered: its signal never comes
     # one run per workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py)
     with workdir_lock.held(workdir), lease.held(checkpoint_dir or workdir / "checkpoints"):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
-                 allow_data_change)
+                 allow_data_change, on_hang)
         # the prefetch thread ends and the run is closed, whatever happens
         with contextlib.closing(r), contextlib.closing(r.train_it):
             state, start = r.restore(fresh_start)

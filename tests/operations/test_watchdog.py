@@ -99,6 +99,22 @@ def test_a_stopped_process_is_not_taken_for_a_hung_one(tmp_path):
            "stopped)" in text
 
 
+def test_without_an_exit_it_dumps_the_stacks_and_ends_nothing(tmp_path, capfd):
+    """A run called from Python (``run(on_hang=None)``) leaves its caller's process alone: the
+    watchdog writes the stacks and says the process is left running; only the command passes
+    ``os._exit``. Seen failing with ``os._exit`` as the watchdog's default (the test process
+    ended with code 75)."""
+    clock = _Clock()
+    dog = Watchdog(10.0, tmp_path, 0, clock=clock, poll_s=0.01)
+    with dog:
+        _runs(dog, clock, 11.0)
+        deadline = time.monotonic() + 30
+        while dog.fired is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert dog.fired == tmp_path / "hang-step0-process0.txt"
+    assert "the process is left running (no exit given)" in capfd.readouterr().err
+
+
 def test_off_it_starts_no_thread(tmp_path):
     before = threading.active_count()
     with Watchdog(None, tmp_path, 0, exit=pytest.fail) as dog:
