@@ -257,3 +257,16 @@ def test_process_wide_effects_only_where_listed():
              if _process_wide(ast.parse(path.read_text()))}
     assert found == set(PROCESS_WIDE), (sorted(found - set(PROCESS_WIDE)),
                                         sorted(set(PROCESS_WIDE) - found))
+
+
+def test_models_and_parallel_read_their_own_config_groups():
+    """``models/`` and ``parallel/`` import ``Model`` and ``Parallel`` from their own
+    ``config.py``, never the top-level ``boost_jax.config`` (which imports the plans to
+    validate a Config): otherwise the model would reach the parallelism through it.
+    ``TYPE_CHECKING`` imports counted. Seen failing with models/decoder.py importing
+    ``boost_jax.config.Model``."""
+    graph = import_graph(type_checking=True)
+    through = sorted(m for m, targets in graph.items()
+                     if m.split(".")[1:2] in (["models"], ["parallel"])
+                     and "boost_jax.config" in targets)
+    assert not through, through

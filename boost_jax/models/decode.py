@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boost_jax.config import Model
 from boost_jax.models.boundaries import Plan
+from boost_jax.models.config import Model
 from boost_jax.models.decoder import bind
 
 MIN_BUCKET = 16  # the smallest padded prompt length and cache length

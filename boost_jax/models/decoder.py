@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from boost_jax.config import Model
 from boost_jax.models.attention import Segments, cached_attention, causal_attention
 from boost_jax.models.boundaries import Plan
+from boost_jax.models.config import Model
 from boost_jax.models.execution import Execution
 from boost_jax.models.init import Init, ParamDef, param, param_defs
 from boost_jax.models.projections import Fanout, Single

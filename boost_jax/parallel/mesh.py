@@ -8,7 +8,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from boost_jax.config import ConfigError, Parallel
+from boost_jax.errors import ConfigError
+from boost_jax.parallel.config import Parallel
 from boost_jax.parallel.plans.base import DATA, MESH_AXES
 
 

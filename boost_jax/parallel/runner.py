@@ -20,13 +20,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.config import ConfigError, Model, Parallel
+from boost_jax.errors import ConfigError
 from boost_jax.models.attention import Segments, packed_slots, resolve_attention
 from boost_jax.models.batch import loss_share, row_sums, segments, token_count
 from boost_jax.models.boundaries import Plan
+from boost_jax.models.config import Model
 from boost_jax.models.decoder import Decoder, abstract_model, bind
 from boost_jax.models.execution import Execution
 from boost_jax.models.init import STACKED, init_params, map_blocks, param_shapes, param_specs
+from boost_jax.parallel.config import Parallel
 from boost_jax.parallel.pipeline import canonical_layout, pipeline_token_loss, stage_layout
 from boost_jax.parallel.plans import PLANS, get_plan
 from boost_jax.parallel.plans.base import (

@@ -16,7 +16,8 @@ from boost_jax.parallel.plans.fullrank import FullRankPlan
 from boost_jax.parallel.plans.vanilla import VanillaPlan
 
 if TYPE_CHECKING:
-    from boost_jax.config import Model, Parallel
+    from boost_jax.models.config import Model
+    from boost_jax.parallel.config import Parallel
 
 #: ``Parallel.tp_plan`` -> the plan's class
 PLANS: dict[str, type[Plan]] = {cls.name: cls for cls in (Plan, FullRankPlan, VanillaPlan,

@@ -30,7 +30,7 @@ from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 from boost_jax.parallel.vocab import vocab_embed
 
 if TYPE_CHECKING:
-    from boost_jax.config import Model
+    from boost_jax.models.config import Model
 
 
 @dataclasses.dataclass(frozen=True)

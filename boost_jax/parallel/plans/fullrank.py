@@ -15,7 +15,7 @@ from boost_jax.models.remat import REDUCED, tag
 from boost_jax.parallel.plans.base import TENSOR, VocabParallelPlan, f_op, g_op
 
 if TYPE_CHECKING:
-    from boost_jax.config import Model
+    from boost_jax.models.config import Model
 
 
 @dataclasses.dataclass(frozen=True)
