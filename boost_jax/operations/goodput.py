@@ -151,9 +151,15 @@ class Goodput:
         return out
 
 
+#: each bucket but ``step`` as the end-of-run line names it: what it is, without a look-up
+SHOWN = {"compile": "compiling", "data": "waiting for data", "checkpoint": "checkpoints",
+         "eval": "evals and samples", "lost": "lost to restarts",
+         "other": "start-up and the rest"}
+
+
 def summary(record: Mapping[str, float]) -> str:
-    """The end-of-run line: ``goodput 71.2% of 1h05m: compile 3.1% | data 0.4% | ...``."""
-    shares = " | ".join(f"{'lost to restarts' if b == 'lost' else b} "
-                        f"{100 * record[PREFIX + b]:.1f}%" for b in BUCKETS[1:])
+    """The end-of-run line: ``goodput 71.2% of 1h05m in train steps; compiling 3.1% | waiting
+    for data 0.4% | ...`` (:data:`SHOWN`)."""
+    shares = " | ".join(f"{SHOWN[b]} {100 * record[PREFIX + b]:.1f}%" for b in BUCKETS[1:])
     return (f"goodput {100 * record[PREFIX + 'step']:.1f}% of "
-            f"{duration(record[PREFIX + 'wall_s'])}: {shares}")
+            f"{duration(record[PREFIX + 'wall_s'])} in train steps; {shares}")

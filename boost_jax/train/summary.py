@@ -32,16 +32,32 @@ class Summary:
         return None if self.eval_loss is None else math.exp(self.eval_loss)
 
 
+def ending(summary: Summary, seconds: float) -> str:
+    """The run's first closing line: how it ended -- ``finished``, ``stopped by signal N``
+    (resumable: a checkpoint was saved) or ``diverged`` (nothing saved over the last good
+    checkpoint) -- its steps, losses and time."""
+    ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
+    loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
+    steps = f"steps {summary.start_step}->{summary.step}"
+    if summary.diverged is not None:
+        return (f"diverged after step {summary.step}: {steps}, the last checkpoint is kept; "
+                f"{duration(seconds)}")
+    if summary.interrupted_by is not None:
+        how = (f"stopped by signal {summary.interrupted_by}, resumable (rerun the same "
+               "command)")
+    else:
+        how = "finished"
+    return (f"{how}: {steps}, final train loss {loss}, eval perplexity {ppl}, "
+            f"{duration(seconds)}")
+
+
 def report(summary: Summary, goodput: dict, seconds: float, lead: bool,
            tensorboard: str) -> None:
     """The run's closing lines (``lead``: this process writes the run's files)."""
     if summary.diverged is not None:
         logging.error("training diverged: %s", summary.diverged)
-    elif lead:
-        ppl = "n/a" if summary.eval_ppl is None else f"{summary.eval_ppl:.2f}"
-        loss = "n/a" if summary.final_loss is None else f"{summary.final_loss:.4f}"
-        say(f"done: steps {summary.start_step}->{summary.step}, final train loss {loss}, "
-            f"eval perplexity {ppl}, {duration(seconds)}")
+    if lead:
+        say(ending(summary, seconds))
     say(goodput_summary(goodput))  # the run's time, by bucket (operations/goodput.py)
     if summary.diverged is None:
         say(f"checkpoints: {summary.checkpoint_dir}")

@@ -55,8 +55,9 @@ def test_a_resume_moves_the_recomputed_steps_to_lost():
 def test_the_summary_line():
     record = {WALL: 125.0, **{f"goodput/{b}": 0.0 for b in BUCKETS}, "goodput/step": 0.8,
               "goodput/compile": 0.15, "goodput/other": 0.05}
-    assert summary(record) == ("goodput 80.0% of 2m05s: compile 15.0% | data 0.0% | checkpoint "
-                               "0.0% | eval 0.0% | lost to restarts 0.0% | other 5.0%")
+    assert summary(record) == ("goodput 80.0% of 2m05s in train steps; compiling 15.0% | "
+                               "waiting for data 0.0% | checkpoints 0.0% | evals and samples "
+                               "0.0% | lost to restarts 0.0% | start-up and the rest 5.0%")
 
 
 def _records(workdir, name="metrics.jsonl"):
