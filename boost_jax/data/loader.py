@@ -40,7 +40,7 @@ import numpy as np
 from absl import logging
 
 from boost_jax.config import ConfigError, Data
-from boost_jax.data.manifest import fingerprint
+from boost_jax.data.manifest import fingerprint, larger_eval_split
 from boost_jax.data.packing import DocumentPieces, DocumentRows, packed_batches
 from boost_jax.data.prepare import default_cache_dir, ensure_bundled, read_manifest
 
@@ -219,8 +219,8 @@ def open_dataset_on_all(data: Data) -> Dataset:
 
 
 def _no_eval(ds: Dataset, why: str) -> None:
-    logging.warning("no evaluation: the eval split of %s is too small (%s); prepare it with a "
-                    "larger --eval_fraction, or lower Train.batch_size", ds.path, why)
+    logging.warning("no evaluation: the eval split of %s is too small (%s); %s, or lower "
+                    "Train.batch_size", ds.path, why, larger_eval_split(ds.meta))
 
 
 def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:

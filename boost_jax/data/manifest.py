@@ -79,6 +79,15 @@ def eval_split_label(meta: dict) -> str:
     return f"tail of the training shards ({share}no validation input)"
 
 
+def larger_eval_split(meta: dict) -> str:
+    """How to prepare a larger eval split of the dataset of manifest ``meta``: more validation
+    documents when they came from ``--eval_input`` (where ``--eval_fraction`` is an error),
+    else a larger ``--eval_fraction``."""
+    if meta.get("eval_split") == "eval_input":
+        return "prepare the data with more --eval_input documents"
+    return "prepare the data with a larger --eval_fraction"
+
+
 def fingerprint(path: Path, meta: dict) -> str:
     """What a prepared dataset's tokens are, in 16 hex digits: a SHA-256 over its manifest's
     tokenizer and totals, every shard's token counts and CRC-32s (of the tokens and the

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from boost_jax.config import Config, ConfigError, Parallel
 from boost_jax.data.loader import Dataset, iter_eval_batches, open_dataset_on_all
-from boost_jax.data.prepare import eval_split_label
+from boost_jax.data.manifest import eval_split_label, larger_eval_split
 from boost_jax.operations.progress import say
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
@@ -143,7 +143,7 @@ def _no_batches(ds: Dataset, config: Config) -> ConfigError:
     what = f"has {ds.describe('eval', t.seq_len)}"
     return ConfigError(f"Data.path={config.data.path!r}: the eval split {what}, not enough "
                        f"for one batch of --batch_size={t.batch_size}; lower --batch_size or "
-                       "--seq_len, or prepare the data with a larger --eval_fraction")
+                       f"--seq_len, or {larger_eval_split(ds.meta)}")
 
 
 # --- evaluation ---------------------------------------------------------------------------

@@ -179,6 +179,26 @@ def test_a_validation_input_is_the_eval_split_whole(c4_like, tmp_path):
         assert sorted(got) == sorted(texts)
 
 
+def test_a_small_validation_split_gets_advice_that_applies_to_it(c4_like, tmp_path, caplog):
+    """An eval split from --eval_input too small for a batch: the notice advises more
+    validation documents, not a larger --eval_fraction (an error with --eval_input; issue 49);
+    a split cut from the shards' tails still gets --eval_fraction. Seen failing on the old
+    notice (``larger --eval_fraction`` for both)."""
+    from boost_jax.config import Data
+    from boost_jax.data.loader import eval_batches, open_dataset
+
+    _c4(c4_like, tmp_path / "validation")
+    assert eval_batches(open_dataset(Data(path=str(tmp_path / "validation"))), 32, 100_000,
+                        1) == []
+    assert "prepare the data with more --eval_input documents" in caplog.text
+    assert "--eval_fraction" not in caplog.text
+    caplog.clear()
+    tail = tmp_path / "tail"
+    prepare([c4_like.root], tail, pattern=c4_like.PATTERN, **C4_SHARDS)
+    assert eval_batches(open_dataset(Data(path=str(tail))), 32, 100_000, 1) == []
+    assert "prepare the data with a larger --eval_fraction" in caplog.text
+
+
 def test_the_c4_recipe_through_the_command(c4_like, tmp_path, capsys, caplog):
     """The README's command line: one summary line counts the ignored files and says where the
     eval split came from; the arguments are recorded, so a rerun with another --eval_pattern
