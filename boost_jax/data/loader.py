@@ -43,6 +43,7 @@ from boost_jax.config import ConfigError, Data
 from boost_jax.data.manifest import fingerprint, larger_eval_split
 from boost_jax.data.packing import DocumentPieces, DocumentRows, packed_batches
 from boost_jax.data.prepare import default_cache_dir, ensure_bundled, read_manifest
+from boost_jax.data.tokenize_chunks import MIN_BPE_VOCAB
 
 _ENDLESS = 2**62
 
@@ -216,6 +217,21 @@ def open_dataset_on_all(data: Data) -> Dataset:
         raise ConfigError(f"Data.path={data.path!r}: process 0 could not open or prepare the "
                           "dataset (its log says why)")
     return first if first is not None else open_dataset(data)
+
+
+def check_vocab(vocab: int, data: Data, ids_used: int) -> None:
+    """A model's embedding of ``vocab`` rows (``Model.vocab_size``) holds every token id of the
+    dataset of ``data`` (``ids_used``: its largest + 1); else a ConfigError whose one line
+    names the binding that fixes it -- a larger ``Model.vocab_size`` or, for a bundled corpus,
+    a tokenizer that fits the model's (``Data.tokenizer='bpe:<vocab>'``)."""
+    if ids_used <= vocab:
+        return
+    fits = (f", or prepare the bundled corpus with a tokenizer that fits the model: "
+            f"--gin_param=\"Data.tokenizer='bpe:{vocab}'\""
+            if data.path.startswith("bundled:") and vocab >= MIN_BPE_VOCAB else "")
+    raise ConfigError(f"Model.vocab_size={vocab} is smaller than the vocabulary of "
+                      f"Data.path={data.path!r} (its largest token id + 1: {ids_used}): "
+                      f"add --gin_param=Model.vocab_size={ids_used}{fits}")
 
 
 def _no_eval(ds: Dataset, why: str) -> None:

@@ -26,6 +26,8 @@ from boost_jax.data.sources import PrepareError, read_documents
 MIB = 2**20
 TOKENIZER_SPECS = ("bpe:<vocab size>, llama32k, spm:<file.model> or hf:<tokenizer.json or its "
                    "directory>")
+#: the smallest byte-level BPE: 256 bytes, end-of-text and merges
+MIN_BPE_VOCAB = 260
 
 
 def check_spec(spec: str) -> None:
@@ -33,7 +35,7 @@ def check_spec(spec: str) -> None:
     that does not load."""
     kind, _, arg = spec.partition(":")
     if kind == "bpe":
-        if not (arg.isdigit() and int(arg) >= 260):
+        if not (arg.isdigit() and int(arg) >= MIN_BPE_VOCAB):
             raise PrepareError(f"tokenizer {spec!r}: the vocabulary size must be a whole number "
                                ">= 260 (256 bytes, end-of-text and merges), e.g. bpe:4096")
         return

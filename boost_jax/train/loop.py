@@ -44,9 +44,15 @@ from boost_jax.checkpointing import lease, record
 from boost_jax.checkpointing.checkpointer import Checkpointer
 from boost_jax.checkpointing.run_files import RunFiles
 from boost_jax.config import Config, ConfigError
-from boost_jax.data.loader import eval_batches, open_dataset_on_all, train_iterator
+from boost_jax.data.loader import (
+    check_vocab,
+    eval_batches,
+    open_dataset_on_all,
+    train_iterator,
+)
 from boost_jax.data.prepare import eval_split_label
 from boost_jax.gin_io import operative_gin
+from boost_jax.operations import workdir as workdirs
 from boost_jax.operations import workdir_lock
 from boost_jax.operations.disk_errors import writing
 from boost_jax.operations.goodput import Goodput, read_history
@@ -54,7 +60,6 @@ from boost_jax.operations.profiling import StepProfiler
 from boost_jax.operations.progress import compiling, say
 from boost_jax.operations.signals import StopRequest
 from boost_jax.operations.watchdog import Watchdog
-from boost_jax.operations.workdir import workdir_checked
 from boost_jax.optim import make_optimizer
 from boost_jax.parallel.mesh import local_batch_rows, make_mesh
 from boost_jax.parallel.runner import ShardedModel
@@ -111,9 +116,7 @@ class _Run:
         self.config, self.workdir, self.t = config, workdir, t
         mesh = make_mesh(config.parallel, devices)
         dataset = open_dataset_on_all(config.data)
-        if dataset.ids_used > config.model.vocab_size:
-            raise ConfigError(f"Model.vocab_size={config.model.vocab_size} is smaller than the "
-                              f"dataset's largest token id + 1 ({dataset.ids_used})")
+        check_vocab(config.model.vocab_size, config.data, dataset.ids_used)
         self.model = ShardedModel(config.model, config.parallel, mesh, jnp.dtype(t.dtype),
                                   max_segments=config.data.segment_bound)
         self.opt = make_optimizer(t, self.model)
@@ -353,10 +356,12 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     called with its exit code, operations/watchdog.py): the entry point's ``os._exit``; None:
     the stacks are dumped and the process is left to its caller.
     Raises :class:`CheckpointWriteError` when a save fails."""
-    t_start, workdir = time.perf_counter(), workdir_checked(workdir)
+    t_start = time.perf_counter()
     stop = stop or StopRequest()  # not entered: its signal never comes
-    # one run per workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py)
-    with workdir_lock.held(workdir), lease.held(checkpoint_dir or workdir / "checkpoints"):
+    # a workdir this run made is removed if it fails before writing there; one run per
+    # workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py)
+    with (workdirs.prepared(workdir, {workdir_lock.LOCK}) as workdir,
+          workdir_lock.held(workdir), lease.held(checkpoint_dir or workdir / "checkpoints")):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
                  allow_data_change, on_hang)
         # the prefetch thread ends and the run is closed, whatever happens

@@ -172,3 +172,19 @@ def test_processes_preparing_one_corpus_take_turns(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
     assert outs[0][0] == outs[1][0]
     assert not [p for p in (tmp_path / "data").iterdir() if "partial" in p.name]
+
+
+def test_a_bundled_corpus_names_the_tokenizer_that_fits_too():
+    """Issue 49: the tiny model (512 rows) on the default bundled corpus (bpe:4096): the line
+    names both fixes, a larger ``Model.vocab_size`` or a tokenizer of the model's size. Seen
+    failing on the old message (neither binding named)."""
+    from boost_jax.data.loader import check_vocab
+
+    with pytest.raises(ConfigError) as err:
+        check_vocab(512, Data(), 4096)
+    assert str(err.value) == (
+        "Model.vocab_size=512 is smaller than the vocabulary of Data.path='bundled:shakespeare' "
+        "(its largest token id + 1: 4096): add --gin_param=Model.vocab_size=4096, or prepare "
+        "the bundled corpus with a tokenizer that fits the model: "
+        "--gin_param=\"Data.tokenizer='bpe:512'\"")
+    check_vocab(4096, Data(), 4096)

@@ -196,19 +196,28 @@ def test_bfloat16_compute(tiny_data, tmp_path, single_device):
 @pytest.mark.parametrize("case, needle", [
     ("mesh", "needs 8 devices, but 1 are available"),
     ("data", "no prepared dataset"),
-    ("vocab", "Model.vocab_size=256 is smaller than the dataset's largest token id"),
+    ("vocab", r"Model.vocab_size=256 is smaller than the vocabulary of Data.path=.* \(its "
+              r"largest token id \+ 1: 512\): add --gin_param=Model.vocab_size=512$"),
+    ("seq_len", "the train split has .*, fewer than"),
 ])
 def test_bad_run_inputs(tiny_data, tmp_path, case, needle):
+    """Each early error is one line saying what fixes it, and a run that fails before it
+    writes leaves no trace: neither the workdir nor its parent ``runs/``, both made by the
+    run, is left behind (issue 49; operations/workdir.py ``prepared``). Seen failing before
+    it: ``runs/w`` stayed, holding the empty lock file; and on the old vocabulary message
+    (no binding named)."""
     cfg = _config(tiny_data, 2)
     if case == "mesh":
         cfg = _config(tiny_data, 2, Parallel(data=8, tensor=1, tp_plan="none"))
     elif case == "data":
         cfg = Config(cfg.model, cfg.parallel, cfg.train, Data(path=str(tmp_path / "none")))
+    elif case == "seq_len":
+        cfg = _config(tiny_data, 2, seq_len=1 << 20)
     else:
         cfg = Config(tiny("cola", vocab_size=256), cfg.parallel, cfg.train, cfg.data)
     with pytest.raises(ConfigError, match=needle):
-        run(cfg, tmp_path / "w", jax.devices()[:1])
-    assert not (tmp_path / "w" / "checkpoints").exists()
+        run(cfg, tmp_path / "runs" / "w", jax.devices()[:1])
+    assert not (tmp_path / "runs").exists()
 
 
 def test_metrics_file_contents(tiny_data, tmp_path):
