@@ -151,11 +151,34 @@ def limit_lapack_threads(config: Config) -> None:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
+class UserLines(pylogging.Formatter):
+    """A log record as the one line a user reads: ``<prog>: warning: <message>`` -- no date,
+    thread id or source line (absl's format, kept with ``--verbosity``)."""
+
+    def __init__(self, prog: str):
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: pylogging.LogRecord) -> str:
+        return f"{self.prog}: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def setup_logging(prog: str) -> None:
+    """The command's logs at the user's level: warnings and errors as :class:`UserLines`
+    (what a run says it needs, it prints: operations/progress.py ``say``); ``--verbosity=0``
+    (absl's flag, or ``-v 0``) shows the INFO lines too, ``--verbosity=1`` more, in absl's
+    own format. Other libraries' lines pass :class:`QuietLibraries`."""
+    handler = logging.get_absl_handler()
+    handler.addFilter(QuietLibraries())
+    if FLAGS["verbosity"].present:
+        return  # absl applied the user's level
+    logging.set_verbosity(logging.WARNING)
+    handler.setFormatter(UserLines(prog))
+
+
 def run_command(prog: str, body: Callable[[Config], int | None], simulated: bool = True) -> int:
     """Parse gin, validate, set up devices and run ``body(config)``; returns the exit code.
     ``simulated``: :func:`setup_devices`'."""
-    logging.set_verbosity(logging.INFO)
-    logging.get_absl_handler().addFilter(QuietLibraries())
     try:
         parse_gin(FLAGS.gin_file, FLAGS.gin_param, search_paths=[str(CONFIGS_DIR)])
         config = load_config()
@@ -205,17 +228,27 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+#: absl's help flags: the command prints its help and exits 0 (absl exits 1)
+HELP_FLAGS = frozenset({"--help", "-?", "--helpshort", "--helpfull", "--helpxml"})
+
+
 def run_app(prog: str, main: Callable[[list[str]], int | None]) -> None:
     """``absl.app.run(main)`` with one-line errors: an unknown or malformed flag and a usage
-    error (``app.UsageError``) print ``<prog>: error: ...`` and exit with code 2."""
+    error (``app.UsageError``) print ``<prog>: error: ...`` and exit with code 2; ``--help``
+    prints the help and exits 0; logs at the user's level (:func:`setup_logging`)."""
 
     def parse(argv: list[str]) -> list[str]:
         try:
             return FLAGS(argv)
+        except SystemExit as done:  # absl's --help (and --helpfull, ...) exits 1 after the text
+            if done.code == 1 and HELP_FLAGS.intersection(a.split("=")[0] for a in argv[1:]):
+                sys.exit(0)
+            raise
         except flags.Error as err:
             sys.exit(user_error(prog, ConfigError(f"{err}{_gin_hint(err)} (see --help)")))
 
     def guarded(argv: list[str]) -> int | None:
+        setup_logging(prog)
         try:
             return main(argv)
         except app.UsageError as err:

@@ -16,7 +16,9 @@ drift from them).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
+import re
 import tokenize
 import typing
 from collections.abc import Iterable, Sequence
@@ -86,7 +88,21 @@ def _gin(parse, text: str, where: str) -> None:
         elif why.startswith("malformed node or string"):
             why = ("not a value: quote strings inside the binding, e.g. "
                    "--gin_param=\"Data.path='data/mine'\"")
-        raise ConfigError(f"{where}: {why}") from None
+        raise ConfigError(f"{where}: {why}{did_you_mean(why)}") from None
+
+
+def did_you_mean(why: str) -> str:
+    """`` Did you mean Model.arch?`` for gin's error about a misspelt group or field (the
+    closest names, by :func:`difflib.get_close_matches`), else ``""``."""
+    names = {cls.__name__: [f.name for f in dataclasses.fields(cls)] for cls in GROUPS.values()}
+    if group := re.search(r"No configurable matching '([\w.]+)'", why):
+        close = difflib.get_close_matches(group[1].rpartition(".")[2], names, n=1)
+        return f" Did you mean {close[0]}?" if close else ""
+    if field := re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", why):
+        close = difflib.get_close_matches(field[2], names.get(field[1], []), n=3, cutoff=0.7)
+        return (" Did you mean " + " or ".join(f"{field[1]}.{c}" for c in close) + "?"
+                if close else " python -m boost_jax.train --print_config lists every binding.")
+    return ""
 
 
 def load_config(**overrides) -> Config:

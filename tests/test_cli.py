@@ -39,6 +39,40 @@ def test_flag_and_usage_errors_are_one_line(monkeypatch, capsys, prog, main, arg
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["--helpfull"], ["-?"]])
+def test_help_exits_0(monkeypatch, capsys, argv):
+    """``--help`` is a request, not an error: the help on stdout and exit code 0 (absl exits 1;
+    issue 49). Seen failing on the old run_app (1)."""
+    assert _exit_code(monkeypatch, "comm_report", comm_report_main, argv) == 0
+    assert "--helpfull" in capsys.readouterr().out
+
+
+def test_logs_are_at_the_users_level():
+    """Issue 49: a command's log lines are a user's -- warnings as ``<prog>: warning: ...``,
+    no INFO lines, no date, thread id or source line -- unless ``--verbosity`` asks for more.
+    Seen failing on the old set-up (INFO lines as ``I1129 03:36:39.763 22768
+    attention.py:124] ...``)."""
+    import logging as pylogging
+
+    from absl import logging
+
+    handler = logging.get_absl_handler()
+    saved = (handler.formatter, list(handler.filters), logging.get_verbosity())
+    logger = pylogging.getLogger("absl")
+    try:
+        cli.setup_logging("boost_jax.train")
+        assert not logger.isEnabledFor(pylogging.INFO) and logger.isEnabledFor(pylogging.WARNING)
+        record = logger.makeRecord("absl", pylogging.WARNING, "boost_jax/operations/x.py", 1,
+                                   "took over the lock of a run that ended", (), None)
+        assert handler.filter(record)
+        assert handler.format(record) == ("boost_jax.train: warning: took over the lock of a "
+                                          "run that ended")
+    finally:
+        handler.setFormatter(saved[0])
+        handler.filters[:] = saved[1]
+        logging.set_verbosity(saved[2])
+
+
 def test_the_debug_switch_raises(monkeypatch):
     err = ValueError("Train.steps=0 must be a positive integer")
     monkeypatch.setenv("BOOST_JAX_DEBUG", "1")

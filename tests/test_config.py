@@ -136,6 +136,18 @@ def test_unknown_gin_binding():
         lambda: parse_gin(files=["no/such/file.gin"], search_paths=["configs"]))
 
 
+def test_a_misspelt_binding_gets_the_names_it_may_mean():
+    """Issue 49: gin's error about an unknown group or field ends with the closest names (or
+    where every binding is listed). Seen failing on the old parse_gin (gin's text alone)."""
+    assert _err(lambda: parse_gin(bindings=["Modle.arch=1"])).endswith(" Did you mean Model?")
+    assert _err(lambda: parse_gin(bindings=["Train.stpes=3"])).endswith(
+        " Did you mean Train.steps?")
+    assert _err(lambda: parse_gin(bindings=["Parallel.tensr=2"])).endswith(
+        " Did you mean Parallel.tensor?")
+    assert _err(lambda: parse_gin(bindings=["Train.zzzz=3"])).endswith(
+        " python -m boost_jax.train --print_config lists every binding.")
+
+
 def test_gin_files_are_found_under_the_search_path(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "x.gin").write_text("Train.steps = 11\n")

@@ -41,7 +41,7 @@ import dataclasses
 import json
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from boost_jax import cli
 from boost_jax.cli import CONFIGS_DIR, define_gin_flags, user_error
@@ -197,8 +197,6 @@ def evaluate() -> int:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.INFO)
-    logging.get_absl_handler().addFilter(cli.QuietLibraries())
     try:
         return evaluate()
     except ConfigError as err:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import flags, logging
+from absl import flags
 
 from boost_jax.cli import define_checkpoint_dir_flag, run_app, user_error
 from boost_jax.errors import ConfigError
@@ -129,7 +129,6 @@ def command(workdir: str | None, out: str | None, step: int | None = None, fmt: 
 
 
 def main(argv: list[str]) -> int:
-    logging.set_verbosity(logging.WARNING)  # orbax's restore logs are not ours to show
     if len(argv) > 1:
         return user_error(PROG, ConfigError(f"unexpected argument(s) {' '.join(argv[1:])} "
                                             "(see --help)"))

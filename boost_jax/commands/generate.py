@@ -28,9 +28,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from absl import flags, logging
+from absl import flags
 
-from boost_jax.cli import define_checkpoint_dir_flag, enable_compilation_cache, run_app, user_error
+from boost_jax.cli import (
+    define_checkpoint_dir_flag,
+    enable_compilation_cache,
+    run_app,
+    user_error,
+)
 from boost_jax.config import DTYPES, ConfigError
 
 PROG = "boost_jax.generate"
@@ -126,7 +131,6 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         return user_error(PROG, ConfigError(f"unexpected arguments: {' '.join(argv[1:])} "
                                             '(the prompt goes in --prompt="...")'))
-    logging.set_verbosity(logging.WARNING)  # library INFO lines (orbax reads) would drown the text
     enable_compilation_cache()
     return command(FLAGS.workdir, FLAGS.prompt, step=FLAGS.step,
                    max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,

@@ -128,7 +128,6 @@ def _command(argv: Sequence[str], f: FlagValues) -> int:
     """:func:`main` without its error handling: verify, or prepare and print the summary."""
     import resource
 
-    from absl import logging
 
     if len(argv) > 1:
         raise PrepareError(f"unexpected arguments {' '.join(argv[1:])!r}: flags take the form "
@@ -147,7 +146,7 @@ def _command(argv: Sequence[str], f: FlagValues) -> int:
     eval_fraction = f.eval_fraction if f["eval_fraction"].present else None
     meta = prepare(f.input, f.output, f.tokenizer, eval_fraction, f.seed, f.text_field,
                    workers, f.chunk_mb, f.chunks_per_shard, f.tokenizer_sample_mb,
-                   log=logging.info, pattern=f.pattern, eval_inputs=f.eval_input or (),
+                   log=_status, pattern=f.pattern, eval_inputs=f.eval_input or (),
                    eval_pattern=f.eval_pattern, overwrite=f.overwrite)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
@@ -155,15 +154,23 @@ def _command(argv: Sequence[str], f: FlagValues) -> int:
                       for count, pattern in (("ignored_files", "pattern"),
                                              ("eval_ignored_files", "eval_pattern"))
                       if meta.get(pattern) is not None)
-    logging.info("prepared %s: %d train + %d eval tokens in %d shards, vocab %d (%s), "
-                 "%.0f s, peak RSS of one process %.0f MiB; eval split: %s%s", f.output,
-                 meta["train_tokens"], meta["eval_tokens"], len(meta["shards"]),
-                 meta["vocab_size"], meta["tokenizer"], time.perf_counter() - start, peak,
-                 eval_split_label(meta), ignored)
-    summary = {k: v for k, v in meta.items() if k != "shards"}
-    print(json.dumps(dict(summary, shards=len(meta["shards"]), peak_rss_mib=round(peak)),
-                     indent=1))
+    if f.json:  # the manifest less its shard list, and the peak memory
+        summary = {k: v for k, v in meta.items() if k != "shards"}
+        print(json.dumps(dict(summary, shards=len(meta["shards"]), peak_rss_mib=round(peak)),
+                         indent=1))
+        return 0
+    print(f"prepared {f.output}: {meta['train_tokens']:,} train + {meta['eval_tokens']:,} eval "
+          f"tokens in {len(meta['shards'])} shards, tokenizer {meta['tokenizer']} (vocabulary "
+          f"{meta['vocab_size']:,}); eval split: {eval_split_label(meta)}{ignored}")
+    print(f"{time.perf_counter() - start:.0f} s, peak memory of one process {peak:.0f} MiB; "
+          f"the manifest: {f.output}/manifest.json (or --json)")
     return 0
+
+
+def _status(message: str) -> None:
+    """A status line of the run (inputs read, shards kept), on stderr: stdout is the
+    summary's."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 def define_flags(flag_values: FlagValues | None = None) -> None:
@@ -201,6 +208,8 @@ def define_flags(flag_values: FlagValues | None = None) -> None:
     flags.DEFINE_integer("chunks_per_shard", 64, "chunks per output shard", flag_values=fv)
     flags.DEFINE_float("tokenizer_sample_mb", 64.0, "MiB of text that train a bpe:<n>",
                        flag_values=fv)
+    flags.DEFINE_bool("json", False, "print the prepared dataset's manifest (less its shard "
+                      "list) and peak memory as JSON instead of the summary", flag_values=fv)
     flags.DEFINE_string("verify", None, "check the checksums of this prepared dataset and exit "
                         "(exit code 1 when it finds a problem)", flag_values=fv)
 

@@ -25,6 +25,7 @@ from absl import logging
 
 from boost_jax.config import Train
 from boost_jax.errors import ConfigError
+from boost_jax.operations.progress import say
 
 #: the directory of the traces, under the workdir
 PROFILE_DIR = "profile"
@@ -94,9 +95,9 @@ class StepProfiler:
             jax.block_until_ready(pending[1])
         jax.profiler.stop_trace()
         self.active = False
-        logging.info("wrote the trace of steps %d..%d to %s (TensorBoard: tensorboard "
-                     "--logdir %s; Perfetto: its *.trace.json.gz)", self.traced[0],
-                     self.traced[-1], self.dir, self.dir.parent)
+        say(f"wrote the trace of steps {self.traced[0]}..{self.traced[-1]} to {self.dir} "
+            f"(TensorBoard: tensorboard --logdir {self.dir.parent}; Perfetto: its "
+            "*.trace.json.gz)")
 
     def __enter__(self) -> StepProfiler:
         return self

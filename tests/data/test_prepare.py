@@ -199,20 +199,17 @@ def test_a_small_validation_split_gets_advice_that_applies_to_it(c4_like, tmp_pa
     assert "prepare the data with a larger --eval_fraction" in caplog.text
 
 
-def test_the_c4_recipe_through_the_command(c4_like, tmp_path, capsys, caplog):
+def test_the_c4_recipe_through_the_command(c4_like, tmp_path, capsys):
     """The README's command line: one summary line counts the ignored files and says where the
     eval split came from; the arguments are recorded, so a rerun with another --eval_pattern
     of an unfinished run is refused."""
-    import logging
-
-    caplog.set_level(logging.INFO, logger="absl")  # absl's level may be left at WARNING
     out = tmp_path / "out"
     args = [f"--input={c4_like.root}", f"--pattern={c4_like.PATTERN}",
             f"--eval_input={c4_like.root}", f"--eval_pattern={c4_like.EVAL_PATTERN}",
             f"--output={out}", "--tokenizer=bpe:300", "--workers=0"]
-    code, err = _main(capsys, *args)
+    code, printed, err = _command(capsys, *args)
     assert code == 0, err
-    (summary,) = [r.getMessage() for r in caplog.records if "prepared" in r.getMessage()]
+    summary = printed.splitlines()[0]  # the command's summary on stdout (issue 49)
     assert summary.endswith("eval split: held-out validation input (c4-validation.*.json.gz); "
                             "ignored 3 files not matching --pattern; ignored 4 files not "
                             "matching --eval_pattern")
@@ -255,8 +252,8 @@ def test_prepare_runs_under_a_memory_cap_smaller_than_the_corpus(tmp_path):
 
     out = subprocess.run([sys.executable, "-m", "boost_jax.data.prepare", f"--input={src}",
                           f"--output={tmp_path / 'out'}", "--tokenizer=llama32k",
-                          "--workers=2"], preexec_fn=limit, capture_output=True, text=True,
-                         timeout=1500)
+                          "--workers=2", "--json"], preexec_fn=limit, capture_output=True,
+                         text=True, timeout=1500)
     assert out.returncode == 0, out.stderr[-2000:]
     assert verify(tmp_path / "out") == []
     summary = json.loads(out.stdout)
@@ -267,8 +264,8 @@ def test_prepare_runs_under_a_memory_cap_smaller_than_the_corpus(tmp_path):
 TEXT = "To be, or not to be, that is the question. " * 40
 
 
-def _main(capsys, *args: str) -> tuple[int, str]:
-    """The command run in this process with ``args``: (exit code, what it wrote on stderr)."""
+def _command(capsys, *args: str) -> tuple[int, str, str]:
+    """The command run in this process with ``args``: (exit code, stdout, stderr)."""
     from absl import flags
 
     from boost_jax.commands import prepare as prepare_command
@@ -276,7 +273,34 @@ def _main(capsys, *args: str) -> tuple[int, str]:
     fv = flags.FlagValues()
     prepare_command.define_flags(fv)
     code = prepare_command.main(fv(["prepare", *args]), fv)
-    return code, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _main(capsys, *args: str) -> tuple[int, str]:
+    """The command run in this process with ``args``: (exit code, what it wrote on stderr)."""
+    code, _, err = _command(capsys, *args)
+    return code, err
+
+
+def test_the_command_ends_with_a_short_summary_and_the_manifest_one_flag_away(tmp_path,
+                                                                              capsys):
+    """Issue 49: stdout is two lines (what was prepared, its time and where the manifest is),
+    status lines go to stderr, and ``--json`` prints the manifest as before. Seen failing on
+    the old command (about 40 lines of JSON by default)."""
+    (tmp_path / "in.txt").write_text(TEXT)
+    for name, extra in (("short", []), ("manifest", ["--json"])):
+        code, out, _ = _command(capsys, f"--input={tmp_path / 'in.txt'}",
+                                f"--output={tmp_path / name}", "--tokenizer=bpe:300",
+                                "--workers=0", *extra)
+        assert code == 0
+        if name == "short":
+            first, second = out.splitlines()
+            assert first.startswith(f"prepared {tmp_path / name}: ")
+            assert "tokenizer bpe:300" in first
+            assert second.endswith(f"the manifest: {tmp_path / name}/manifest.json (or --json)")
+        else:
+            assert json.loads(out)["tokenizer"] == "bpe:300"
 
 
 def _snapshot(root, directories: bool = True) -> dict:
