@@ -525,3 +525,51 @@ def test_version_ranges_quoted_are_the_pins():
     assert quoted, "the docs quote jax's range (GPU hosts)"
     assert quoted <= specs, (
         f"ranges the docs quote that pyproject.toml does not pin: {sorted(quoted - specs)}")
+
+
+def test_each_documented_run_has_a_workdir_of_its_own():
+    """Issue 49: on every page, two ``python -m boost_jax.train`` commands of different
+    configurations (gin files, and the bindings a resume must match: config_fields.MATCH)
+    never share a workdir (``runs/default`` when none is given): the second would stop with
+    ``the checkpoints in ... were written for another model`` instead of running as printed.
+    A resume (the same files, other steps or mesh: operating.md's elastic restart) may.
+    Seen failing on the C4 page before its commands got their own ``--workdir``."""
+    from boost_jax.config_fields import MATCH
+
+    def matters(arg: str) -> bool:
+        if arg.startswith("--gin_file="):
+            return True
+        group, _, field = arg.removeprefix("--gin_param=").partition("=")[0].partition(".")
+        return FIELDS[group][field].metadata["resume"] == MATCH
+
+    shared = []
+    for name, (_, blocks) in SPLIT.items():
+        runs: dict[str, set] = {}
+        for block in blocks:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"(^|\s)#.*", "", line).strip()
+                if not line.startswith("python -m boost_jax.train") or "--print_config" in line:
+                    continue
+                args = shlex.split(line)[3:]
+                workdir = next((a.split("=", 1)[1] for a in args if a.startswith("--workdir=")),
+                               "runs/default")
+                config = tuple(sorted(a for a in args if a.startswith(("--gin_file=",
+                                                                         "--gin_param="))
+                                      and matters(a)))
+                runs.setdefault(workdir, set()).add(config)
+        shared += [(name, w, sorted(c)) for w, c in runs.items() if len(c) > 1]
+    assert not shared, shared
+
+
+def test_the_prepared_corpora_directory_is_ignored_by_git():
+    """Issue 49: ``data/`` at the repository's root, where the docs prepare corpora
+    (``--output=data/c4-t5``), is in .gitignore -- and only that one: the package's
+    ``boost_jax/data/`` is not. Seen failing on the old .gitignore (no entry)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
+    assert ignored("data/c4-t5/manifest.json")
+    assert not ignored("boost_jax/data/loader.py") and not ignored("tests/data/test_loader.py")
+

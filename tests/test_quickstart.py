@@ -97,6 +97,16 @@ def test_quickstart_follows_the_golden_curve_and_prints_the_readme_perplexity(tm
         f"{got['readme_perplexity']}")
 
 
+def test_the_communication_report_describes_the_run_just_trained():
+    """Issue 49: the quickstart's ``comm_report`` reads the trained run's operative config
+    (``<workdir>/config.gin``: its data=2 x tensor=2 mesh), not the default configuration
+    (tensor 4). Seen failing on the old README (``--gin_param="Model.size='tiny'"``)."""
+    (train, _), *_, (report, _) = quickstart_commands()
+    workdir = next(a.split("=", 1)[1] for a in train if a.startswith("--workdir="))
+    assert report[:3] == ["python", "-m", "boost_jax.tools.comm_report"]
+    assert f"--gin_file={workdir}/config.gin" in report
+
+
 def main(argv: list[str]) -> None:
     """``--record``: run the quickstart and write the golden file (its curve, perplexity, the
     commands and the jax version); ``--compare FILE``: run it and write the gaps to a golden
