@@ -573,3 +573,13 @@ def test_the_prepared_corpora_directory_is_ignored_by_git():
     assert ignored("data/c4-t5/manifest.json")
     assert not ignored("boost_jax/data/loader.py") and not ignored("tests/data/test_loader.py")
 
+
+
+def test_the_site_keeps_names_whole_and_long_lines_in_view():
+    """Issue 49, checked in headless Chromium (docs/_hooks/screenshots.sh): the site's
+    stylesheet keeps a table's first-column name whole (the configuration reference broke
+    ``Model.d_mode|l``) and wraps a code block's long lines (the ``--print_config`` sample's
+    meaning column ran out of view). Seen failing on the old stylesheet (neither rule)."""
+    css = (REPO / "docs" / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"table[^{]*td:first-child code \{\s*white-space: nowrap;", css)
+    assert re.search(r"\.md-typeset pre > code \{\s*white-space: pre-wrap;", css)

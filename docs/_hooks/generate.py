@@ -22,9 +22,9 @@ GENERATED = ("reference/configuration.md",)
 GROUP_INTRO = {
     "Model": "the architecture and its dimensions (`boost_jax/models/config.py`); presets: "
              "[Models](../concepts/models.md)",
-    "Parallel": "the mesh and the plans (`boost_jax/config.py`)",
+    "Parallel": "the mesh and the plans (`boost_jax/parallel/config.py`)",
     "Train": "the run: steps, batch, optimizer, cadences, logging (`boost_jax/config.py`)",
-    "Data": "the dataset and the loader (`boost_jax/config.py`)",
+    "Data": "the dataset and the loader (`boost_jax/data/config.py`)",
 }
 NOTEBOOK = re.compile(r"<!-- notebook: (\S+\.ipynb) cells=([\d,]+) -->")
 
