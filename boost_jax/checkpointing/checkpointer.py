@@ -161,7 +161,7 @@ class Checkpointer:
         for path in stale:
             storage.remove(path)
         if stale:
-            logging.info("removed %d unfinished checkpoint save(s) of an earlier run: %s",
+            logging.warning("removed %d unfinished checkpoint save(s) of an earlier run: %s",
                          len(stale), ", ".join(p.name for p in stale))
 
     def steps(self) -> list[int]:
