@@ -22,7 +22,8 @@ NAV = re.findall(r"^ *- (?:[^:\n]+: )?(\S+\.md)$", MKDOCS_YML.split("\nnav:", 1)
 # CI installs exactly what the README says; these two lines are what it runs
 SETUP = ('pip install -e . && python -m boost_jax.train          # train the default model on '
          'the bundled corpus',
-         'pip install -e ".[test]" && pytest                      # run the tests')
+         'pip install -e ".[test]" && pytest                      # run the tests (see below: '
+         '20-50 min)')
 README_MAX_LINES = 250
 
 # Every heading of the README at commit 303f86a (`git show 303f86a:README.md | grep "^#"`, less
@@ -104,6 +105,17 @@ def test_readme_is_short_and_keeps_the_setup_commands():
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
     for command in SETUP:
         assert command in lines, f"README.md lost the set-up line {command!r}"
+
+
+def test_the_test_command_says_what_it_costs_before_it_starts():
+    """Issue 49: next to the test command, the README says what it installs (GB, minutes), how
+    long the suite runs on 2 cores, and a fast part whose tests exist. Seen failing on the old
+    README (``# run the tests`` alone)."""
+    readme = PAGES["README.md"]
+    assert re.search(r"The test command first adds about [\d.]+ GB to the environment", readme)
+    assert re.search(r"about \d+ minutes on 2 cores on Python 3\.11", readme)
+    fast = re.search(r"`pytest (tests/\S+)` checks .* in about", readme)
+    assert fast and (REPO / fast.group(1)).is_dir()
 
 
 def test_every_page_is_in_the_navigation_and_the_readme_links_them():
