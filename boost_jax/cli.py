@@ -152,15 +152,16 @@ def limit_lapack_threads(config: Config) -> None:
 
 
 class UserLines(pylogging.Formatter):
-    """A log record as the one line a user reads: ``<prog>: warning: <message>`` -- no date,
-    thread id or source line (absl's format, kept with ``--verbosity``)."""
+    """A log record as a line a user reads: ``<prog> (warning): <message>`` -- no date, thread
+    id or source line (absl's format, kept with ``--verbosity``). Not ``<prog>: error:``: that
+    is the one line a command ends with when it fails (:func:`user_error`)."""
 
     def __init__(self, prog: str):
         super().__init__()
         self.prog = prog
 
     def format(self, record: pylogging.LogRecord) -> str:
-        return f"{self.prog}: {record.levelname.lower()}: {record.getMessage()}"
+        return f"{self.prog} ({record.levelname.lower()}): {record.getMessage()}"
 
 
 def setup_logging(prog: str) -> None:

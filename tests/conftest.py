@@ -114,6 +114,20 @@ def _clean_gin():
     gin.clear_config()
 
 
+@pytest.fixture(autouse=True)
+def _absl_logging():
+    """absl's level and its handler's format and filters are global, and a command run in this
+    process sets them (cli.setup_logging): every test ends with them as it found them."""
+    from absl import logging
+
+    handler = logging.get_absl_handler()
+    saved = (logging.get_verbosity(), handler.formatter, list(handler.filters))
+    yield
+    logging.set_verbosity(saved[0])
+    handler.setFormatter(saved[1])
+    handler.filters[:] = saved[2]
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A prepared dataset: three bundled plays, byte-level BPE with 512 tokens."""

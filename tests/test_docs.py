@@ -204,11 +204,11 @@ def _module_flags(module: str) -> set[str]:
     if alias:  # a thin alias (boost_jax/eval.py ...): the command it runs
         main = _module_file(alias[1])
     files = [main]
-    for base, names in re.findall(r"^from (boost_jax[\w.]*) import ([\w, ]+)$", main.read_text(),
-                                  re.M):
-        base_path = REPO.joinpath(*base.split("."))
-        files.append(base_path.with_suffix(".py"))
-        files += [base_path / f"{name.strip()}.py" for name in names.split(",")]
+    for node in ast.walk(ast.parse(main.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("boost_jax"):
+            base_path = REPO.joinpath(*node.module.split("."))
+            files.append(base_path.with_suffix(".py"))
+            files += [base_path / f"{a.name}.py" for a in node.names]
     return ABSL_FLAGS.union(*(_defined_flags(f) for f in files if f.is_file()))
 
 
@@ -269,8 +269,10 @@ def test_docs_command_lines_make_valid_configs():
 
 
 def _emitted() -> set[str]:
-    """Gin files a docs command writes (``--emit_gin=``) for the next one to read."""
-    return set(re.findall(r"--emit_gin=(\S+\.gin)", DOCS))
+    """Gin files a docs command writes for the next one to read: ``--emit_gin=``, and a train
+    run's operative config, ``<--workdir>/config.gin`` (the quickstart's ``comm_report``)."""
+    return (set(re.findall(r"--emit_gin=(\S+\.gin)", DOCS))
+            | {f"{w}/config.gin" for w in re.findall(r"--workdir=([\w./-]+)", DOCS)})
 
 
 # ---------------------------------------------------------------- (b) paths and gin files

@@ -65,7 +65,7 @@ def define_flags() -> None:
 
 def warn(message: str) -> None:
     """One warning line on stderr."""
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
+    print(f"{PROG} (warning): {message}", file=sys.stderr)  # as cli.UserLines
 
 
 def parse_runs(args: list[str]) -> dict[str, Path]:

@@ -105,8 +105,8 @@ def _model(parallel: Parallel, arch: str = "cola", attention=("cudnn", "cudnn"),
     mesh = make_mesh(parallel, jax.devices()[:parallel.num_devices])
     model = ShardedModel(tiny(arch), parallel, mesh, jnp.bfloat16, max_segments=MAX_SEGMENTS,
                          gspmd=gspmd)
-    model.plan = dataclasses.replace(model.plan, attention=attention[0],
-                                     packed_attention=attention[1])
+    model.execution = dataclasses.replace(model.execution, attention=attention[0],
+                                          packed_attention=attention[1])
     return model
 
 
