@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from absl import logging
-
 from boost_jax.operations.goodput import summary as goodput_summary
 from boost_jax.operations.progress import duration, say
 
@@ -54,9 +52,7 @@ def ending(summary: Summary, seconds: float) -> str:
 def report(summary: Summary, goodput: dict, seconds: float, lead: bool,
            tensorboard: str) -> None:
     """The run's closing lines (``lead``: this process writes the run's files)."""
-    if summary.diverged is not None:
-        logging.error("training diverged: %s", summary.diverged)
-    if lead:
+    if lead:  # a diverged run: its command prints the error line too (commands/train.py)
         say(ending(summary, seconds))
     say(goodput_summary(goodput))  # the run's time, by bucket (operations/goodput.py)
     if summary.diverged is None:
