@@ -15,8 +15,8 @@ Gin files are looked up as given, then in the repository's ``configs/`` director
 Exit codes: 0 done; 1 diverged, or a checkpoint or run file (metrics, TensorBoard) could not
 be written or a checkpoint read (a full disk; storage errors that outlasted the retries); 2 bad
 input, including checkpoints that do not fit the config or were trained on other data
-(``--allow_data_change``), and a workdir another run holds (operations/workdir_lock.py) (one line on
-stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback); 75 hung: no train step finished within
+(``--allow_data_change``), a workdir another run holds (operations/workdir_lock.py) and a step
+that does not fit in the device's memory (one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback); 75 hung: no train step finished within
 ``Train.hang_timeout_s`` (every thread's stack in the workdir and the log; operations/watchdog.py);
 128 + N stopped by signal N (agreed across processes, after a checkpoint; or at once, without
 one, at a second signal).
@@ -50,6 +50,8 @@ flags.DEFINE_bool("allow_data_change", False, "resume on a dataset other than th
                   "is refused")
 
 EXIT_STORAGE = 1  # a checkpoint or run file could not be written (disk full, ...) or read
+#: how XLA's error for an allocation it cannot make begins (a too-large step on the device)
+OUT_OF_MEMORY = "RESOURCE_EXHAUSTED: Out of memory"
 
 
 def _train(config) -> int:
@@ -67,6 +69,14 @@ def _train(config) -> int:
     except (CheckpointWriteError, CheckpointReadError, WriteError) as err:
         print(f"boost_jax.train: error: {err}", file=sys.stderr)
         return EXIT_STORAGE
+    except RuntimeError as err:  # XLA's out of memory (jax.errors.JaxRuntimeError)
+        if not str(err).startswith(OUT_OF_MEMORY) or cli.debugging():
+            raise
+        what = str(err).splitlines()[0].removeprefix("RESOURCE_EXHAUSTED:").strip()
+        print(f"boost_jax.train: error: the train step does not fit in memory ({what}); lower "
+              "Train.batch_size or Train.seq_len, set Parallel.remat='lowrank' or 'full', or "
+              "spread the model over more devices (python -m boost_jax.plan)", file=sys.stderr)
+        return 2
     if summary.diverged is not None:
         print(f"boost_jax.train: error: {summary.diverged}", file=sys.stderr)
         return 1

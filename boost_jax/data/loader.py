@@ -243,6 +243,22 @@ def _too_short(ds: Dataset, split: str, what: str, fix: str) -> ConfigError:
     return ConfigError(f"Data.path={str(ds.path)!r}: the {split} split {what}; {fix}")
 
 
+def _shorter(ds: Dataset, fit: int, global_batch: int) -> str:
+    """What makes a batch fit a train split that holds ``fit`` of its elements: a smaller batch
+    (when one element fits at all), a shorter sequence (for windows over concatenated
+    documents, the longest whose windows fill a batch), a larger corpus."""
+    seq = "Train.seq_len"
+    if ds.data.packing == "concat":
+        sizes = [len(r) - 1 for r in ds.windows("train", 1).regions]
+        lo, hi = 0, max(sizes, default=0)  # the longest seq_len with a batch of windows
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if sum(n // mid for n in sizes) >= global_batch else (lo, mid - 1)
+        seq = f"Train.seq_len to at most {lo}" if lo else seq
+    batch = f"Train.batch_size to at most {fit} or " if fit else ""
+    return f"lower {batch}{seq}, or use a larger corpus"
+
+
 def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
                    rows: tuple[int, int] | None = None, worker_count: int = 0,
                    put: Callable[[dict], dict] | None = None, prefetch: int = 0):
@@ -266,9 +282,8 @@ def train_iterator(ds: Dataset, seq_len: int, global_batch: int, seed: int,
         windows = ds.sequences("train", seq_len)
         if len(windows) < global_batch:
             raise _too_short(ds, "train", f"has {ds.describe('train', seq_len)}, fewer than "
-                             f"Train.batch_size={global_batch}",
-                             f"lower Train.batch_size to at most {len(windows)} or "
-                             "Train.seq_len, or use a larger corpus")
+                             f"Train.batch_size={global_batch}", _shorter(ds, len(windows),
+                                                                          global_batch))
         stream = grain.MapDataset.source(windows).seed(seed).shuffle().repeat(None)
         local = grain.MapDataset.range(0, _ENDLESS).map(_ProcessRows(stream, global_batch, rows))
         local = local.batch(rows[1] - rows[0], drop_remainder=True)

@@ -142,6 +142,26 @@ def test_print_config_lists_every_field(capsys):
     assert row.split()[3:5] == ["must", "match"]
 
 
+def test_a_step_out_of_memory_is_one_line_and_exit_2(monkeypatch, capsys):
+    """Issue 49: XLA's out of memory (a sequence of 100,000 tokens on the bundled corpus) is
+    the command's one error line with what to lower, exit code 2 -- not a traceback and exit
+    code 1. Seen failing on the old command (the JaxRuntimeError raised)."""
+    from boost_jax.commands import train as train_command
+    from boost_jax.train import loop
+
+    def oom(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
+                                         "3960541466768 bytes.")
+    monkeypatch.setattr(loop, "run", oom)
+    monkeypatch.delenv("BOOST_JAX_DEBUG", raising=False)
+    assert train_command._train(None) == 2
+    assert capsys.readouterr().err == (
+        "boost_jax.train: error: the train step does not fit in memory (Out of memory allocating "
+        "3960541466768 bytes.); lower Train.batch_size or Train.seq_len, set "
+        "Parallel.remat='lowrank' or 'full', or spread the model over more devices (python -m "
+        "boost_jax.plan)\n")
+
+
 def test_sigterm_leaves_a_usable_checkpoint(tiny_data, tmp_path):
     """Also: on a CPU host the trainer arranges the 8 devices its (default) mesh needs and says
     so, and the checkpoint of that btp data=2 x tensor=4 run resumes on one device; and while

@@ -198,14 +198,16 @@ def test_bfloat16_compute(tiny_data, tmp_path, single_device):
     ("data", "no prepared dataset"),
     ("vocab", r"Model.vocab_size=256 is smaller than the vocabulary of Data.path=.* \(its "
               r"largest token id \+ 1: 512\): add --gin_param=Model.vocab_size=512$"),
-    ("seq_len", "the train split has .*, fewer than"),
+    ("seq_len", r"the train split has 0 windows .*, fewer than Train.batch_size=8; lower "
+                r"Train.seq_len to at most \d+, or use a larger corpus$"),
 ])
 def test_bad_run_inputs(tiny_data, tmp_path, case, needle):
     """Each early error is one line saying what fixes it, and a run that fails before it
     writes leaves no trace: neither the workdir nor its parent ``runs/``, both made by the
     run, is left behind (issue 49; operations/workdir.py ``prepared``). Seen failing before
-    it: ``runs/w`` stayed, holding the empty lock file; and on the old vocabulary message
-    (no binding named)."""
+    it: ``runs/w`` stayed, holding the empty lock file; on the old vocabulary message (no
+    binding named); and on the old advice for a sequence longer than the data ("lower
+    Train.batch_size to at most 0")."""
     cfg = _config(tiny_data, 2)
     if case == "mesh":
         cfg = _config(tiny_data, 2, Parallel(data=8, tensor=1, tp_plan="none"))
