@@ -16,10 +16,10 @@ Exit codes: 0 done; 1 diverged, or a checkpoint or run file (metrics, TensorBoar
 be written or a checkpoint read (a full disk; storage errors that outlasted the retries); 2 bad
 input, including checkpoints that do not fit the config or were trained on other data
 (``--allow_data_change``), a workdir another run holds (operations/workdir_lock.py) and a step
-that does not fit in the device's memory (one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the traceback); 75 hung: no train step finished within
-``Train.hang_timeout_s`` (every thread's stack in the workdir and the log; operations/watchdog.py);
-128 + N stopped by signal N (agreed across processes, after a checkpoint; or at once, without
-one, at a second signal).
+that does not fit in the device's memory (one line on stderr; ``BOOST_JAX_DEBUG=1`` shows the
+traceback); 75 hung: no train step finished within ``Train.hang_timeout_s`` (every thread's
+stack in the workdir and the log; operations/watchdog.py); 128 + N stopped by signal N (agreed
+across processes, after a checkpoint; or at once, without one, at a second signal).
 """
 
 from __future__ import annotations

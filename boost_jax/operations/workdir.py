@@ -1,6 +1,6 @@
 """The run's workdir, checked before anything is written: a local directory (a URL is
 refused: buckets take the checkpoints, ``--checkpoint_dir``), created if needed, writable; and
-removed again when the run that created it fails before writing anything in it
+removed again when the run that created it fails before it recorded anything there
 (:func:`prepared`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import contextlib
 import re
 import shutil
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from boost_jax.config import ConfigError
@@ -39,28 +39,33 @@ def workdir_checked(workdir: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def prepared(workdir: str | Path, disposable: Collection[str] = ()) -> Iterator[Path]:
-    """:func:`workdir_checked` for the ``with`` block. When the block raises and the workdir
-    did not exist before, the directories made for it are removed again if they hold nothing
-    but empty files named in ``disposable`` (the run's lock) and empty directories: a command
-    that fails before it writes leaves no trace (a run that wrote its metrics or a checkpoint
-    keeps them)."""
+def prepared(workdir: str | Path, recorded: Callable[[Path], bool]) -> Iterator[Path]:
+    """:func:`workdir_checked` for the ``with`` block. When the block raises, the workdir did
+    not exist before and ``recorded(workdir)`` is false -- the run recorded nothing worth
+    keeping there (its caller's test: a metrics line, a checkpoint) -- the directories made for
+    it are removed again, with the by-products of its start (its config files, lock, empty
+    logs): a command that fails before its first step leaves no trace. Nothing else is ever
+    removed: a parent made for it must hold nothing but the way to the workdir."""
     path = Path(workdir).absolute()
     made = next((p for p in reversed([path, *path.parents]) if not p.exists()), None)
     checked = workdir_checked(workdir)
     try:
         yield checked
     except BaseException:
-        if made is not None and _untouched(made, disposable):
+        if made is not None and not recorded(checked) and _only(made, checked):
             shutil.rmtree(made, ignore_errors=True)
         raise
 
 
-def _untouched(top: Path, disposable: Collection[str]) -> bool:
-    """Does ``top`` hold only empty directories and empty files named in ``disposable``?"""
-    for path in top.rglob("*"):
-        if path.is_dir() and not path.is_symlink():
-            continue
-        if path.name not in disposable or path.is_symlink() or path.stat().st_size:
-            return False
-    return True
+def _only(top: Path, workdir: Path) -> bool:
+    """Does ``top`` hold nothing but ``workdir`` and the directories on the way to it?"""
+    return all(p == workdir or workdir in p.parents or (p in workdir.parents and p.is_dir())
+               for p in top.rglob("*"))
+
+
+def run_recorded(workdir: Path) -> bool:
+    """Did a training run record anything in ``workdir`` worth keeping: a metrics line, or a
+    checkpoint in its local checkpoint directory?"""
+    metrics, checkpoints = workdir / "metrics.jsonl", workdir / "checkpoints"
+    return ((metrics.exists() and metrics.stat().st_size > 0)
+            or (checkpoints.is_dir() and any(checkpoints.iterdir())))

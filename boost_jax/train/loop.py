@@ -360,7 +360,7 @@ def run(config: Config, workdir: str | Path, devices: Sequence[jax.Device] | Non
     stop = stop or StopRequest()  # not entered: its signal never comes
     # a workdir this run made is removed if it fails before writing there; one run per
     # workdir and per bucket (operations/workdir_lock.py, checkpointing/lease.py)
-    with (workdirs.prepared(workdir, {workdir_lock.LOCK}) as workdir,
+    with (workdirs.prepared(workdir, recorded=workdirs.run_recorded) as workdir,
           workdir_lock.held(workdir), lease.held(checkpoint_dir or workdir / "checkpoints")):
         r = _Run(config, workdir, devices, checkpoint_async, Goodput(t_start), checkpoint_dir,
                  allow_data_change, on_hang)

@@ -3,16 +3,23 @@
 import pytest
 
 
-def test_an_existing_workdir_and_written_files_are_kept(tmp_path):
-    """What the removal never touches: a workdir that existed before, and one the run wrote a
-    file into (its metrics) before it failed."""
-    from boost_jax.operations.workdir import prepared
+def test_what_a_failed_run_made_goes_and_nothing_else(tmp_path):
+    """A new workdir (and the parent made for it) of a run that failed before recording
+    anything -- only its config files, empty logs, lock -- is removed; an existing workdir, a
+    new one holding a metrics line, and a parent holding anything else are kept."""
+    from boost_jax.operations.workdir import prepared, run_recorded
 
-    old = tmp_path / "old"
-    old.mkdir()
-    for where, write in ((old, False), (tmp_path / "new", True)):
-        with pytest.raises(RuntimeError), prepared(where, {"run.lock"}) as workdir:
-            if write:
-                (workdir / "metrics.jsonl").write_text("{}\n")
+    def fail(where, write=None):
+        with pytest.raises(RuntimeError), prepared(where, run_recorded) as workdir:
+            (workdir / "config.gin").write_text("Model.arch = 'cola'\n")
+            (workdir / "metrics.jsonl").write_text(write or "")
+            (workdir / "checkpoints").mkdir()
             raise RuntimeError
-        assert where.is_dir()
+
+    fail(tmp_path / "runs" / "new")
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "old").mkdir()
+    fail(tmp_path / "old")
+    fail(tmp_path / "logged", write='{"step": 1, "loss": 5.0}\n')
+    assert (tmp_path / "old" / "config.gin").is_file()
+    assert (tmp_path / "logged" / "metrics.jsonl").is_file()

@@ -203,8 +203,8 @@ def test_bfloat16_compute(tiny_data, tmp_path, single_device):
 ])
 def test_bad_run_inputs(tiny_data, tmp_path, case, needle):
     """Each early error is one line saying what fixes it, and a run that fails before it
-    writes leaves no trace: neither the workdir nor its parent ``runs/``, both made by the
-    run, is left behind (issue 49; operations/workdir.py ``prepared``). Seen failing before
+    records a step leaves no trace: neither the workdir nor its parent ``runs/``, both made by
+    the run, is left behind (issue 49; operations/workdir.py ``prepared``). Seen failing before
     it: ``runs/w`` stayed, holding the empty lock file; on the old vocabulary message (no
     binding named); and on the old advice for a sequence longer than the data ("lower
     Train.batch_size to at most 0")."""
