@@ -189,7 +189,7 @@ OTHER_PROGRAMS_FLAGS = {"index-url", "no-deps", "target", "nodes", "signal", "ki
                         # the CoLA authors' main.py, cited in the reproduction guide, and the
                         # generator that runs it (tests/golden/make_cola_protocol.py)
                         "grad_clipping", "num_training_steps", "cola_repo"}
-ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile"}
+ABSL_FLAGS = {"help", "helpfull", "helpshort", "flagfile", "verbosity"}
 
 
 def _defined_flags(path: Path) -> set[str]:
