@@ -63,9 +63,29 @@ def _only(top: Path, workdir: Path) -> bool:
                for p in top.rglob("*"))
 
 
+#: what a training run writes in its workdir before its first step: the lock, its config, an
+#: empty metrics file, the TensorBoard event file's header, the checkpoint directory
+START_FILES = frozenset({"run.lock", "config.gin", "config.json", "metrics.jsonl"})
+START_DIRS = frozenset({"checkpoints", "tensorboard"})
+
+
 def run_recorded(workdir: Path) -> bool:
-    """Did a training run record anything in ``workdir`` worth keeping: a metrics line, or a
-    checkpoint in its local checkpoint directory?"""
-    metrics, checkpoints = workdir / "metrics.jsonl", workdir / "checkpoints"
-    return ((metrics.exists() and metrics.stat().st_size > 0)
-            or (checkpoints.is_dir() and any(checkpoints.iterdir())))
+    """Does ``workdir`` hold anything but what a training run writes before its first step
+    (:data:`START_FILES`, :data:`START_DIRS`, an empty ``metrics.jsonl``, TensorBoard's event
+    files)? Anything else -- a metrics line, a checkpoint, a file of a custom checkpoint
+    directory or of a logger -- is worth keeping."""
+    for path in workdir.rglob("*"):
+        rel = path.relative_to(workdir)
+        if path.is_symlink():
+            return True
+        if path.is_dir():
+            if rel.as_posix() not in START_DIRS or (rel.name == "checkpoints"
+                                                    and any(path.iterdir())):
+                return True
+        elif rel.parts[0] == "tensorboard":
+            if len(rel.parts) != 2 or not rel.name.startswith("events.out.tfevents"):
+                return True
+        elif rel.as_posix() not in START_FILES or (
+                rel.name == "metrics.jsonl" and path.stat().st_size > 0):
+            return True
+    return False

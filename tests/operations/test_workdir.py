@@ -6,7 +6,8 @@ import pytest
 def test_what_a_failed_run_made_goes_and_nothing_else(tmp_path):
     """A new workdir (and the parent made for it) of a run that failed before recording
     anything -- only its config files, empty logs, lock -- is removed; an existing workdir, a
-    new one holding a metrics line, and a parent holding anything else are kept."""
+    new one holding a metrics line or anything else (a custom checkpoint directory inside
+    it) are kept: only the by-products of a run's start are ever removed."""
     from boost_jax.operations.workdir import prepared, run_recorded
 
     def fail(where, write=None):
@@ -23,3 +24,7 @@ def test_what_a_failed_run_made_goes_and_nothing_else(tmp_path):
     fail(tmp_path / "logged", write='{"step": 1, "loss": 5.0}\n')
     assert (tmp_path / "old" / "config.gin").is_file()
     assert (tmp_path / "logged" / "metrics.jsonl").is_file()
+    with pytest.raises(RuntimeError), prepared(tmp_path / "own", run_recorded) as workdir:
+        (workdir / "ckpt" / "4").mkdir(parents=True)  # a custom --checkpoint_dir inside it
+        raise RuntimeError
+    assert (tmp_path / "own" / "ckpt" / "4").is_dir()
